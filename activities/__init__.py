@@ -1,0 +1,1 @@
+"""Activities: everything that touches the network, disk, clock or environment."""

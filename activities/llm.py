@@ -1,0 +1,222 @@
+"""The ``stream_assistant_response`` activity: one streamed model call.
+
+It runs the context transform and the conversion to LLM messages (both
+pluggable, both may do I/O), streams the answer from an OpenAI-compatible
+Chat Completions endpoint, publishes the deltas to the workflow's event
+stream, and returns the assembled message.
+
+Errors are classified here: 408/409/429/5xx, timeouts and broken streams are
+retried by Temporal (Retry-After honoured); other 4xx are not. The API key
+is read from the environment at call time and never leaves the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import inspect
+import os
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import openai
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.events import ActivityEventPublisher
+from activities.heartbeat import heartbeating
+from activities.openai_chat import (
+    StreamAssembler,
+    default_convert_to_llm,
+    reasoning_effort,
+    to_openai_messages,
+)
+from activities.tools import registered_tools
+from workflows.contract import LlmRequest, LlmResult
+from workflows.models import AgentMessage, MessageRetryEvent, MessageStartEvent, MessageUpdateEvent
+
+ContextTransform = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitable[list[AgentMessage]]"]
+LlmConverter = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitable[list[AgentMessage]]"]
+
+RETRYABLE_STATUS = {408, 409, 429}
+
+
+class LlmActivities:
+    """Holds the worker's model configuration; register
+    ``LlmActivities().stream_assistant_response`` with the worker.
+
+    ``transform_context`` prunes or injects messages for one call (never
+    written back); ``convert_to_llm`` chooses what the model sees (default:
+    user, assistant and tool-result messages).
+    """
+
+    def __init__(
+        self,
+        *,
+        transform_context: ContextTransform | None = None,
+        convert_to_llm: LlmConverter | None = None,
+        read_timeout: float | None = None,
+    ) -> None:
+        self._transform_context = transform_context
+        self._convert_to_llm = convert_to_llm or default_convert_to_llm
+        self._read_timeout = read_timeout or float(os.environ.get("AGENT_LLM_READ_TIMEOUT", "60"))
+        self._client: openai.AsyncOpenAI | None = None
+        self._client_key: tuple[str | None, str] | None = None
+
+    def _openai_client(self) -> openai.AsyncOpenAI:
+        """A client for the current ``OPENAI_BASE_URL``/``OPENAI_API_KEY``
+        (read at call time; the client is reused while they stay the same)."""
+        api_key = os.environ.get("OPENAI_API_KEY")
+        if not api_key:
+            raise ApplicationError(
+                "OPENAI_API_KEY is not set on the worker: set it (any value for a local "
+                "server such as Ollama or vLLM) and point OPENAI_BASE_URL at the server.",
+                type="ModelConfigError",
+                non_retryable=True,
+            )
+        key = (os.environ.get("OPENAI_BASE_URL") or None, api_key)
+        if self._client is None or self._client_key != key:
+            self._client = openai.AsyncOpenAI(
+                base_url=key[0],
+                api_key=api_key,
+                max_retries=0,  # Temporal retries, with backoff and Retry-After
+                timeout=openai.Timeout(self._read_timeout, connect=10.0),
+            )
+            self._client_key = key
+        return self._client
+
+    @activity.defn(name="stream_assistant_response")
+    async def stream_assistant_response(self, request: LlmRequest) -> LlmResult:
+        info = activity.info()
+        client = self._openai_client()
+        params = await self._request_params(request)
+        assembler = StreamAssembler(request.model)
+        async with ActivityEventPublisher(request.stream_batch_ms) as events, heartbeating():
+            if info.attempt > 1:
+                events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
+            try:
+                await _stream(client, params, assembler, events, info.attempt)
+                message, argument_errors, closing = assembler.finish()
+            except asyncio.CancelledError:
+                details = activity.cancellation_details()
+                if details is None or not details.cancel_requested:
+                    raise  # worker shutdown or timeout: let Temporal retry elsewhere
+                message, argument_errors, closing = assembler.finish(aborted=True)
+            except Exception as err:
+                raise _classify(err) from err
+            for event in closing:
+                events.publish(MessageUpdateEvent(assistant_message_event=event))
+        return LlmResult(message=message, streamed=assembler.started, argument_errors=argument_errors)
+
+    async def _request_params(self, request: LlmRequest) -> dict[str, Any]:
+        messages: list[AgentMessage] = list(request.messages)
+        if self._transform_context is not None:
+            messages = await _maybe_await(self._transform_context(messages))
+        messages = await _maybe_await(self._convert_to_llm(messages))
+        params: dict[str, Any] = {
+            "model": request.model,
+            "messages": to_openai_messages(request.system_prompt, messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        tools = registered_tools()
+        missing = [n for n in request.tool_names if n not in tools]
+        if missing:
+            raise ApplicationError(
+                f"This worker does not register tool(s) {', '.join(missing)}: start it "
+                "with the same --tools modules as the others.",
+                type="ToolNotRegistered",
+            )
+        if request.tool_names:
+            params["tools"] = [tools[n].openai_tool() for n in request.tool_names]
+        effort = reasoning_effort(request.thinking_level)
+        if effort is not None:
+            params["reasoning_effort"] = effort
+        return params
+
+
+async def _stream(
+    client: openai.AsyncOpenAI,
+    params: dict[str, Any],
+    assembler: StreamAssembler,
+    events: ActivityEventPublisher,
+    attempt: int,
+) -> None:
+    stream = await client.chat.completions.create(**params)
+    first_delta = True
+    async for chunk in stream:
+        was_started = assembler.started
+        deltas = assembler.feed(chunk)
+        if not was_started:
+            events.publish(
+                MessageStartEvent(
+                    message={"role": "assistant", "content": [], "model": params["model"]},
+                    attempt=attempt,
+                ),
+                flush=True,
+            )
+        for delta in deltas:
+            # The first token goes out at once; the rest in batches.
+            events.publish(MessageUpdateEvent(assistant_message_event=delta), flush=first_delta)
+            first_delta = False
+
+
+def _classify(err: Exception) -> ApplicationError:
+    """Retryable or not, with the server's Retry-After as the next delay."""
+    if isinstance(err, ApplicationError):
+        return err
+    if isinstance(err, openai.APIStatusError):
+        status = err.status_code
+        text = f"The model server answered {status}: {_error_detail(err)}"
+        if status in RETRYABLE_STATUS or status >= 500:
+            return ApplicationError(
+                text,
+                type=f"ModelHttp{status}",
+                next_retry_delay=_retry_after(err.response),
+            )
+        return ApplicationError(text, type=f"ModelHttp{status}", non_retryable=True)
+    if isinstance(err, openai.APITimeoutError):
+        return ApplicationError("The model server timed out.", type="ModelTimeout")
+    if isinstance(err, openai.APIConnectionError):
+        return ApplicationError(f"Could not reach the model server: {err}", type="ModelUnreachable")
+    # Anything else broke the stream mid-way (a dropped connection, a chunk
+    # that is not JSON): the next attempt starts over.
+    return ApplicationError(
+        f"The model's stream broke: {type(err).__name__}: {err}", type="ModelStreamBroken"
+    )
+
+
+def _error_detail(err: openai.APIStatusError) -> str:
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return err.message
+
+
+def _retry_after(response: Any) -> timedelta | None:
+    """Retry-After (seconds or HTTP date) or retry-after-ms, capped at 5 min."""
+    headers = response.headers
+    seconds: float | None = None
+    if "retry-after-ms" in headers:
+        with contextlib.suppress(ValueError):
+            seconds = float(headers["retry-after-ms"]) / 1000
+    elif "retry-after" in headers:
+        value = headers["retry-after"]
+        try:
+            seconds = float(value)
+        except ValueError:
+            parsed = email.utils.parsedate_to_datetime(value) if value else None
+            if parsed is not None:
+                seconds = parsed.timestamp() - time.time()
+    if seconds is None:
+        return None
+    return timedelta(seconds=min(max(seconds, 0.0), 300.0))
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value

@@ -1,0 +1,291 @@
+"""Chat Completions wire format: our messages to OpenAI's, and OpenAI's
+streamed chunks back to one ``AssistantMessage`` plus pi's
+``assistantMessageEvent`` deltas."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from workflows.contract import ThinkingLevel
+from workflows.models import (
+    AgentMessage,
+    AssistantMessage,
+    Cost,
+    ImageContent,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+
+# USD per million tokens: (input, output, cached input). Unknown models cost 0.
+MODEL_PRICES: dict[str, tuple[float, float, float]] = {
+    "gpt-4o-mini": (0.15, 0.60, 0.075),
+    "gpt-4o": (2.50, 10.00, 1.25),
+    "gpt-4.1-nano": (0.10, 0.40, 0.025),
+    "gpt-4.1-mini": (0.40, 1.60, 0.10),
+    "gpt-4.1": (2.00, 8.00, 0.50),
+    "gpt-5-nano": (0.05, 0.40, 0.005),
+    "gpt-5-mini": (0.25, 2.00, 0.025),
+    "gpt-5": (1.25, 10.00, 0.125),
+    "o4-mini": (1.10, 4.40, 0.275),
+    "o3": (2.00, 8.00, 0.50),
+}
+
+_FINISH_REASONS: dict[str, StopReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "toolUse",
+    "function_call": "toolUse",
+}
+
+
+def default_convert_to_llm(messages: list[AgentMessage]) -> list[AgentMessage]:
+    """Keep what a model understands: user, assistant and tool results.
+    Application messages (any other role) stay in the transcript only."""
+    return [m for m in messages if m.role in ("user", "assistant", "toolResult")]
+
+
+def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) -> list[dict[str, Any]]:
+    """Our transcript as Chat Completions ``messages``.
+
+    Failed or aborted assistant turns are left out (their partial output
+    would mislead the model). Tool-result images, which a ``tool`` message
+    cannot carry, follow as a user message.
+    """
+    out: list[dict[str, Any]] = []
+    if system_prompt:
+        out.append({"role": "system", "content": system_prompt})
+    for message in messages:
+        if isinstance(message, UserMessage):
+            out.append({"role": "user", "content": _user_content(message.content)})
+        elif isinstance(message, AssistantMessage):
+            if message.stop_reason in ("error", "aborted"):
+                continue
+            out.append(_assistant_message(message))
+        elif isinstance(message, ToolResultMessage):
+            text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
+            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
+            images = [c for c in message.content if isinstance(c, ImageContent)]
+            if images:
+                out.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"}
+                        ]
+                        + [_image_part(i) for i in images],
+                    }
+                )
+    return out
+
+
+def _user_content(content: str | list[TextContent | ImageContent]) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    return [
+        {"type": "text", "text": c.text} if isinstance(c, TextContent) else _image_part(c) for c in content
+    ]
+
+
+def _image_part(image: ImageContent) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image.data}"}}
+
+
+def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
+    result: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    if message.tool_calls:
+        result["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    elif result["content"] is None:
+        result["content"] = ""
+    return result
+
+
+def reasoning_effort(level: ThinkingLevel) -> str | None:
+    """The ``reasoning_effort`` sent for a thinking level (None: not sent)."""
+    return None if level == "off" else level
+
+
+class StreamEndedEarly(Exception):
+    """The stream closed before the model said why it stopped."""
+
+
+class StreamAssembler:
+    """Turns streamed chunks into pi's ``assistantMessageEvent`` deltas and,
+    at the end, one ``AssistantMessage``.
+
+    Blocks (thinking, text, tool calls) are kept in the order they start; a
+    new block closes the previous text or thinking block.
+    """
+
+    def __init__(self, model: str, provider: str = "openai") -> None:
+        self._model = model
+        self._provider = provider
+        self._blocks: list[TextContent | ThinkingContent | ToolCall] = []
+        self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
+        self._tool_blocks: dict[int, int] = {}  # OpenAI tool index -> block index
+        self._open: int | None = None  # open text/thinking block
+        self._finish_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self.started = False
+
+    def feed(self, chunk: Any) -> list[dict[str, Any]]:
+        """Consume one ``ChatCompletionChunk``; return the events it makes."""
+        self.started = True
+        if getattr(chunk, "usage", None) is not None:
+            self._usage = chunk.usage.model_dump()
+        events: list[dict[str, Any]] = []
+        for choice in chunk.choices or []:
+            delta = choice.delta
+            extra = delta.model_extra or {}
+            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+            if reasoning:
+                events += self._append_text(ThinkingContent, "thinking", reasoning)
+            if delta.content:
+                events += self._append_text(TextContent, "text", delta.content)
+            for call in delta.tool_calls or []:
+                events += self._append_tool_call(call)
+            if choice.finish_reason:
+                self._finish_reason = choice.finish_reason
+        return events
+
+    def _append_text(
+        self, kind: type[TextContent] | type[ThinkingContent], name: str, delta: str
+    ) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._open is None or not isinstance(self._blocks[self._open], kind):
+            events += self._close_open()
+            self._blocks.append(TextContent(text="") if kind is TextContent else ThinkingContent(thinking=""))
+            self._open = len(self._blocks) - 1
+            events.append({"type": f"{name}_start", "contentIndex": self._open})
+        block = self._blocks[self._open]
+        if isinstance(block, TextContent):
+            block.text += delta
+        elif isinstance(block, ThinkingContent):
+            block.thinking += delta
+        events.append({"type": f"{name}_delta", "contentIndex": self._open, "delta": delta})
+        return events
+
+    def _append_tool_call(self, call: Any) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        index = call.index if call.index is not None else len(self._tool_blocks)
+        block_index = self._tool_blocks.get(index)
+        if block_index is None:
+            events += self._close_open()
+            name = call.function.name if call.function and call.function.name else ""
+            call_id = call.id or f"call_{len(self._tool_blocks)}"
+            self._blocks.append(ToolCall(id=call_id, name=name))
+            block_index = len(self._blocks) - 1
+            self._tool_blocks[index] = block_index
+            self._raw_args[block_index] = ""
+            events.append(
+                {"type": "toolcall_start", "contentIndex": block_index, "id": call_id, "toolName": name}
+            )
+        pieces = call.function.arguments if call.function and call.function.arguments else ""
+        if pieces:
+            self._raw_args[block_index] += pieces
+            events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})
+        return events
+
+    def _close_open(self) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        block, index, self._open = self._blocks[self._open], self._open, None
+        if isinstance(block, TextContent):
+            return [{"type": "text_end", "contentIndex": index, "content": block.text}]
+        assert isinstance(block, ThinkingContent)
+        return [{"type": "thinking_end", "contentIndex": index, "content": block.thinking}]
+
+    def finish(
+        self, *, aborted: bool = False
+    ) -> tuple[AssistantMessage, dict[str, str], list[dict[str, Any]]]:
+        """Close the stream: the final message, the tool calls whose
+        arguments were not valid JSON (id -> error), and the closing events.
+
+        An aborted message keeps its text but drops tool calls, which may be
+        incomplete and would otherwise be left without results."""
+        if not aborted and self._finish_reason is None:
+            raise StreamEndedEarly("The model's stream ended before it finished its answer.")
+        events = self._close_open()
+        errors: dict[str, str] = {}
+        for block_index in sorted(self._raw_args):
+            block = self._blocks[block_index]
+            assert isinstance(block, ToolCall)
+            raw = self._raw_args[block_index]
+            try:
+                parsed = json.loads(raw) if raw.strip() else {}
+                if not isinstance(parsed, dict):
+                    raise ValueError(f"expected a JSON object, got {type(parsed).__name__}")
+                block.arguments = parsed
+            except ValueError as err:
+                errors[block.id] = f"{err} (received: {raw[:500]})"
+            if not aborted:
+                events.append(
+                    {"type": "toolcall_end", "contentIndex": block_index, "toolCall": block.model_dump()}
+                )
+        content = [b for b in self._blocks if not (aborted and isinstance(b, ToolCall))]
+        if aborted:
+            stop_reason: StopReason = "aborted"
+        elif any(isinstance(b, ToolCall) for b in content):
+            stop_reason = "toolUse"
+        else:
+            stop_reason = _FINISH_REASONS.get(self._finish_reason or "", "error")
+        message = AssistantMessage(
+            content=content,
+            provider=self._provider,
+            model=self._model,
+            usage=usage_from_openai(self._model, self._usage),
+            stop_reason=stop_reason,
+            error_message=(
+                "Request was aborted"
+                if aborted
+                else None
+                if stop_reason != "error"
+                else f"The model stopped with finish_reason={self._finish_reason!r}."
+            ),
+            timestamp=int(time.time() * 1000),
+        )
+        return message, errors, events
+
+
+def usage_from_openai(model: str, usage: dict[str, Any] | None) -> Usage:
+    """pi's usage (with cost) from an OpenAI ``usage`` object."""
+    if not usage:
+        return Usage()
+    prompt = usage.get("prompt_tokens") or 0
+    output = usage.get("completion_tokens") or 0
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    price_in, price_out, price_cached = _price(model)
+    cost = Cost(
+        input=(prompt - cached) * price_in / 1e6,
+        output=output * price_out / 1e6,
+        cache_read=cached * price_cached / 1e6,
+    )
+    cost.total = cost.input + cost.output + cost.cache_read
+    return Usage(
+        input=prompt - cached,
+        output=output,
+        cache_read=cached,
+        total_tokens=usage.get("total_tokens") or prompt + output,
+        cost=cost,
+    )
+
+
+def _price(model: str) -> tuple[float, float, float]:
+    name = model.rsplit("/", 1)[-1]
+    for prefix in sorted(MODEL_PRICES, key=len, reverse=True):
+        if name.startswith(prefix):
+            return MODEL_PRICES[prefix]
+    return (0.0, 0.0, 0.0)

@@ -1,0 +1,210 @@
+"""The public API for tool authors.
+
+    from pydantic import BaseModel
+    from activities.tools import tool, ToolResult, report_progress
+
+    class Args(BaseModel):
+        path: str
+
+    @tool(description="Read a file")
+    async def read_file(args: Args) -> str: ...
+
+A tool is registered by importing its module in the worker (``--tools
+pkg.module``). The workflow reads the registry (it is passed through the
+sandbox) to validate arguments before any activity is scheduled; each call
+then runs as one ``execute_tool`` activity.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal, get_type_hints
+
+from pydantic import BaseModel, Field, ValidationError
+
+from workflows.models import UserContent
+
+ExecutionMode = Literal["sequential", "parallel"]
+ToolFunction = Callable[[Any], Awaitable["str | ToolResult"]]
+
+
+class ToolResult(BaseModel):
+    """What a tool returns when a plain string is not enough.
+
+    ``content`` goes to the model; ``details`` is for clients and logs only;
+    ``terminate`` asks the loop to stop after this batch (honoured only when
+    every result of the batch asks for it).
+    """
+
+    content: str | list[UserContent]
+    details: Any = None
+    terminate: bool = False
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A registered tool: its schema, its function and how it runs."""
+
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    function: ToolFunction
+    execution_mode: ExecutionMode | None = None
+    label: str | None = None
+    timeout: timedelta = timedelta(minutes=5)
+    prepare_arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def parameters_schema(self) -> dict[str, Any]:
+        return self.args_model.model_json_schema()
+
+    def openai_tool(self) -> dict[str, Any]:
+        """The Chat Completions ``tools`` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters_schema(),
+            },
+        }
+
+
+_registry: dict[str, ToolSpec] = {}
+
+
+def tool(
+    description: str,
+    *,
+    name: str | None = None,
+    execution_mode: ExecutionMode | None = None,
+    label: str | None = None,
+    timeout: timedelta = timedelta(minutes=5),
+    prepare_arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Callable[[ToolFunction], ToolFunction]:
+    """Register ``async def name(args: SomeModel) -> str | ToolResult`` as a tool.
+
+    ``prepare_arguments`` is a compatibility shim run (in the workflow, so it
+    must be deterministic) on the raw arguments before validation.
+    """
+    if execution_mode not in (None, "sequential", "parallel"):
+        raise ValueError(f"execution_mode must be None, 'sequential' or 'parallel', not {execution_mode!r}.")
+
+    def register(function: ToolFunction) -> ToolFunction:
+        tool_name = name or function.__name__
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(f"Tool {tool_name!r} must be an `async def` function.")
+        params = list(inspect.signature(function).parameters.values())
+        hints = get_type_hints(function)
+        args_model = hints.get(params[0].name) if len(params) == 1 else None
+        if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
+            raise TypeError(
+                f"Tool {tool_name!r} must take exactly one argument annotated with a "
+                "pydantic model, e.g. `async def f(args: MyArgs) -> str`."
+            )
+        existing = _registry.get(tool_name)
+        if existing is not None and existing.function is not function:
+            raise ValueError(f"A tool named {tool_name!r} is already registered.")
+        _registry[tool_name] = ToolSpec(
+            name=tool_name,
+            description=description,
+            args_model=args_model,
+            function=function,
+            execution_mode=execution_mode,
+            label=label,
+            timeout=timeout,
+            prepare_arguments=prepare_arguments,
+        )
+        return function
+
+    return register
+
+
+def registered_tools() -> dict[str, ToolSpec]:
+    """All registered tools by name (a copy)."""
+    return dict(_registry)
+
+
+def unregister(name: str) -> None:
+    """Remove a tool (tests and hot reloading)."""
+    _registry.pop(name, None)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Where the running tool call comes from.
+
+    ``idempotency_key`` is stable across retries of the same call (it derives
+    from the workflow id and the tool call id): use it to make side effects
+    happen once.
+    """
+
+    tool_call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    workflow_id: str
+    activity_id: str
+    attempt: int
+    idempotency_key: str
+    publish_progress: Callable[[Any], None] = lambda partial: None
+
+
+_current: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("tool_context")
+
+
+def tool_context() -> ToolContext:
+    """The context of the tool call being executed (only inside a tool)."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError("tool_context() is only available while a tool runs.") from None
+
+
+def report_progress(partial: str | ToolResult | Any) -> None:
+    """Publish a partial result as a ``tool_execution_update`` event."""
+    tool_context().publish_progress(partial)
+
+
+class ToolArgumentsError(ValueError):
+    """Arguments that failed validation; the message is shown to the model."""
+
+
+def validate_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Validate raw arguments against the tool's model (pure, deterministic).
+
+    Returns the arguments as the tool will see them (defaults applied), or
+    raises ``ToolArgumentsError`` with pi's message format.
+    """
+    try:
+        prepared = spec.prepare_arguments(arguments) if spec.prepare_arguments else arguments
+        model = spec.args_model.model_validate(prepared)
+    except ValidationError as err:
+        problems = "\n".join(
+            f"  - {'.'.join(str(p) for p in e['loc']) or 'root'}: {e['msg']}" for e in err.errors()
+        )
+        raise ToolArgumentsError(
+            f'Validation failed for tool "{spec.name}":\n{problems}\n\n'
+            f"Received arguments:\n{json.dumps(arguments, indent=2)}"
+        ) from None
+    return model.model_dump(mode="json")
+
+
+__all__ = [
+    "ExecutionMode",
+    "Field",
+    "ToolArgumentsError",
+    "ToolContext",
+    "ToolResult",
+    "ToolSpec",
+    "registered_tools",
+    "report_progress",
+    "tool",
+    "tool_context",
+    "unregister",
+    "validate_arguments",
+]

@@ -1,0 +1,29 @@
+"""Scripted OpenAI-compatible Chat Completions server for tests, the benchmark and the offline demo."""
+
+from .demo_brain import respond
+from .script import (
+    DropFault,
+    MalformedFault,
+    ScriptStep,
+    ScriptToolCall,
+    ScriptUsage,
+    StallFault,
+    StatusFault,
+)
+from .server import DEMO_MODEL, ScriptedModelServer, ScriptStore, create_app, serve
+
+__all__ = [
+    "DEMO_MODEL",
+    "DropFault",
+    "MalformedFault",
+    "ScriptStep",
+    "ScriptStore",
+    "ScriptToolCall",
+    "ScriptUsage",
+    "ScriptedModelServer",
+    "StallFault",
+    "StatusFault",
+    "create_app",
+    "respond",
+    "serve",
+]

@@ -1,0 +1,77 @@
+"""Shared fixtures: a real Temporal dev server, the scripted model server
+and a real worker process, started once per test session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from config import Config, connect
+from local_stack import DevServer, start_worker, stop_process
+from scripted_model import ScriptedModelServer
+from tests.support.stack import Stack
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def dev_server(artifacts: Path) -> Iterator[DevServer]:
+    server = DevServer(log_path=artifacts / "dev-server.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def model_server() -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifacts: Path) -> dict[str, str]:
+    return {
+        "TEMPORAL_ADDRESS": dev_server.address,
+        "TEMPORAL_TASK_QUEUE": "agent-tests",
+        "OPENAI_BASE_URL": model_server.base_url,
+        "OPENAI_API_KEY": "test-key-never-in-history",
+        "AGENT_MODEL": "scripted-default",
+        "AGENT_LLM_READ_TIMEOUT": "3",
+        "AGENT_TEST_LEDGER": str(artifacts / "ledger.txt"),
+        "AGENT_WORKSPACE": str(Path(__file__).resolve().parent.parent),
+        "AGENT_TOOL_OUTPUT_DIR": str(artifacts / "tool-output"),
+    }
+
+
+@pytest.fixture(scope="session")
+def worker(worker_env: dict[str, str], artifacts: Path) -> Iterator[None]:
+    """The real worker process, shared by the tests that do not kill it."""
+    process = start_worker(worker_env, ["tests.support.tools"], artifacts / "worker.log")
+    yield
+    stop_process(process)
+
+
+@pytest.fixture(scope="session")
+async def client(dev_server: DevServer) -> AsyncIterator[Client]:
+    yield await connect(Config(address=dev_server.address))
+
+
+@pytest.fixture
+async def stack(
+    client: Client, model_server: ScriptedModelServer, worker: None, dev_server: DevServer
+) -> Stack:
+    """A fresh model name (its own script queue) on the shared worker."""
+    return Stack(client, model_server, "agent-tests", f"model-{uuid.uuid4().hex[:8]}", dev_server)
+
+
+os.environ.setdefault("AGENT_TOOL_OUTPUT_DIR", str(ARTIFACTS / "tool-output"))

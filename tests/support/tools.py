@@ -1,0 +1,68 @@
+"""Tools the tests load into the worker with ``--tools tests.support.tools``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from activities.tools import ToolResult, report_progress, tool, tool_context
+
+
+class EchoArgs(BaseModel):
+    text: str
+    delay: float = 0.0
+
+
+@tool(description="Echo the text after an optional delay (seconds).")
+async def echo(args: EchoArgs) -> str:
+    await asyncio.sleep(args.delay)
+    return f"echo: {args.text}"
+
+
+@tool(description="Echo, but always one call at a time.", execution_mode="sequential")
+async def sequential_echo(args: EchoArgs) -> str:
+    await asyncio.sleep(args.delay)
+    return f"sequential: {args.text}"
+
+
+class SlowArgs(BaseModel):
+    seconds: float
+    steps: int = 4
+
+
+@tool(description="Work for a while, reporting progress; records each start in AGENT_TEST_LEDGER.")
+async def slow(args: SlowArgs) -> str:
+    ledger = os.environ.get("AGENT_TEST_LEDGER")
+    if ledger:
+        with Path(ledger).open("a") as f:
+            f.write(f"{tool_context().idempotency_key}\n")
+    for step in range(args.steps):
+        await asyncio.sleep(args.seconds / args.steps)
+        report_progress(f"step {step + 1}/{args.steps}")
+    return f"slept {args.seconds}s"
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+@tool(description="Finish the task: the loop stops when every call of the batch finishes.")
+async def finish(args: NoArgs) -> ToolResult:
+    return ToolResult(content="done", terminate=True)
+
+
+@tool(description="Always raises.")
+async def explode(args: NoArgs) -> str:
+    raise RuntimeError("the tool blew up")
+
+
+@tool(description="Report the idempotency key of this call.")
+async def whoami(args: NoArgs) -> ToolResult:
+    context = tool_context()
+    return ToolResult(
+        content=context.idempotency_key,
+        details={"toolCallId": context.tool_call_id, "key": context.idempotency_key},
+    )

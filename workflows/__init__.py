@@ -1,0 +1,1 @@
+"""Deterministic workflow code: the agent loop and the session."""

@@ -1,0 +1,270 @@
+"""Wire models: pi-agent-core's messages, content blocks and events.
+
+JSON uses pi's camelCase names (so pi clients and session files can read what
+we write); Python attributes are snake_case. Fields that are ``None`` are left
+out of the JSON, as pi leaves optional fields out.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    Tag,
+    TypeAdapter,
+    model_serializer,
+)
+from pydantic.alias_generators import to_camel
+
+
+class WireModel(BaseModel):
+    """Base of every model that crosses a process boundary."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+# --- content blocks --------------------------------------------------------
+
+
+class TextContent(WireModel):
+    type: Literal["text"] = "text"
+    text: str
+    text_signature: str | None = None
+
+
+class ThinkingContent(WireModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    thinking_signature: str | None = None
+    redacted: bool | None = None
+
+
+class ImageContent(WireModel):
+    """An image as base64 ``data`` with its ``mimeType``."""
+
+    type: Literal["image"] = "image"
+    data: str
+    mime_type: str
+
+
+class ToolCall(WireModel):
+    type: Literal["toolCall"] = "toolCall"
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+UserContent = Annotated[TextContent | ImageContent, Field(discriminator="type")]
+AssistantContent = Annotated[TextContent | ThinkingContent | ToolCall, Field(discriminator="type")]
+
+
+# --- messages ---------------------------------------------------------------
+
+
+class Cost(WireModel):
+    input: float = 0.0
+    output: float = 0.0
+    cache_read: float = 0.0
+    cache_write: float = 0.0
+    total: float = 0.0
+
+
+class Usage(WireModel):
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    total_tokens: int = 0
+    cost: Cost = Field(default_factory=Cost)
+
+    def plus(self, other: Usage) -> Usage:
+        """Sum of two usages (for session totals)."""
+        return Usage(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost=Cost(
+                input=self.cost.input + other.cost.input,
+                output=self.cost.output + other.cost.output,
+                cache_read=self.cost.cache_read + other.cost.cache_read,
+                cache_write=self.cost.cache_write + other.cost.cache_write,
+                total=self.cost.total + other.cost.total,
+            ),
+        )
+
+
+StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]
+
+
+class UserMessage(WireModel):
+    role: Literal["user"] = "user"
+    content: str | list[UserContent]
+    timestamp: int = 0
+
+
+class AssistantMessage(WireModel):
+    role: Literal["assistant"] = "assistant"
+    content: list[AssistantContent] = Field(default_factory=list)
+    api: str = "openai-completions"
+    provider: str = "openai"
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    stop_reason: StopReason = "stop"
+    error_message: str | None = None
+    timestamp: int = 0
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [c for c in self.content if isinstance(c, ToolCall)]
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text for c in self.content if isinstance(c, TextContent))
+
+
+class ToolResultMessage(WireModel):
+    role: Literal["toolResult"] = "toolResult"
+    tool_call_id: str
+    tool_name: str
+    content: list[UserContent] = Field(default_factory=list)
+    details: Any = None
+    is_error: bool = False
+    timestamp: int = 0
+
+
+class CustomMessage(WireModel):
+    """An application message (any other role): kept, not sent to the model."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+
+
+def _message_tag(value: Any) -> str:
+    role = value.get("role") if isinstance(value, dict) else getattr(value, "role", None)
+    return role if role in ("user", "assistant", "toolResult") else "custom"
+
+
+AgentMessage = Annotated[
+    Annotated[UserMessage, Tag("user")]
+    | Annotated[AssistantMessage, Tag("assistant")]
+    | Annotated[ToolResultMessage, Tag("toolResult")]
+    | Annotated[CustomMessage, Tag("custom")],
+    Discriminator(_message_tag),
+]
+MessageList = TypeAdapter(list[AgentMessage])
+MessageAdapter: TypeAdapter[Any] = TypeAdapter(AgentMessage)
+
+
+def text_result(text: str) -> list[UserContent]:
+    return [TextContent(text=text)]
+
+
+# --- events -------------------------------------------------------------------
+
+
+class AgentStartEvent(WireModel):
+    type: Literal["agent_start"] = "agent_start"
+
+
+class AgentEndEvent(WireModel):
+    type: Literal["agent_end"] = "agent_end"
+    messages: list[AgentMessage]
+
+
+class TurnStartEvent(WireModel):
+    type: Literal["turn_start"] = "turn_start"
+
+
+class TurnEndEvent(WireModel):
+    type: Literal["turn_end"] = "turn_end"
+    message: AgentMessage
+    tool_results: list[ToolResultMessage]
+
+
+class MessageStartEvent(WireModel):
+    """Start of a message. For an assistant message streamed by the model it
+    carries the (empty) partial message and the LLM attempt number."""
+
+    type: Literal["message_start"] = "message_start"
+    message: AgentMessage
+    attempt: int | None = None
+
+
+class MessageUpdateEvent(WireModel):
+    type: Literal["message_update"] = "message_update"
+    assistant_message_event: dict[str, Any]
+
+
+class MessageEndEvent(WireModel):
+    type: Literal["message_end"] = "message_end"
+    message: AgentMessage
+
+
+class MessageRetryEvent(WireModel):
+    """An LLM call is being retried: drop the partial text of the streaming
+    message; attempt ``attempt`` starts over."""
+
+    type: Literal["message_retry"] = "message_retry"
+    attempt: int
+    reason: str | None = None
+
+
+class ToolExecutionStartEvent(WireModel):
+    type: Literal["tool_execution_start"] = "tool_execution_start"
+    tool_call_id: str
+    tool_name: str
+    args: Any
+
+
+class ToolExecutionUpdateEvent(WireModel):
+    type: Literal["tool_execution_update"] = "tool_execution_update"
+    tool_call_id: str
+    tool_name: str
+    args: Any
+    partial_result: Any
+
+
+class ToolExecutionEndEvent(WireModel):
+    type: Literal["tool_execution_end"] = "tool_execution_end"
+    tool_call_id: str
+    tool_name: str
+    result: Any
+    is_error: bool
+
+
+AgentEvent = Annotated[
+    AgentStartEvent
+    | AgentEndEvent
+    | TurnStartEvent
+    | TurnEndEvent
+    | MessageStartEvent
+    | MessageUpdateEvent
+    | MessageEndEvent
+    | MessageRetryEvent
+    | ToolExecutionStartEvent
+    | ToolExecutionUpdateEvent
+    | ToolExecutionEndEvent,
+    Field(discriminator="type"),
+]
+EventAdapter: TypeAdapter[Any] = TypeAdapter(AgentEvent)
+EVENTS_TOPIC = "events"
