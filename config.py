@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+
+from storage import data_converter_from_env
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ServerUnreachable(Exception):
 async def connect(config: Config) -> Client:
     try:
         return await Client.connect(
-            config.address, namespace=config.namespace, data_converter=pydantic_data_converter
+            config.address, namespace=config.namespace, data_converter=data_converter_from_env()
         )
     except RuntimeError as err:
         raise ServerUnreachable(

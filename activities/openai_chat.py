@@ -238,6 +238,8 @@ class StreamAssembler:
         content = [b for b in self._blocks if not (aborted and isinstance(b, ToolCall))]
         if aborted:
             stop_reason: StopReason = "aborted"
+        elif self._finish_reason == "length":
+            stop_reason = "length"  # tool calls cut off mid-way must not run
         elif any(isinstance(b, ToolCall) for b in content):
             stop_reason = "toolUse"
         else:

@@ -617,7 +617,8 @@ class AgentWorkflow:
         if isinstance(message, CustomMessage):
             return message
         raise ValueError(
-            f'A {getattr(message, "role", "?")} message cannot be sent: send a user message ({{"role": "user", ...}}) or text.'
+            f"A {getattr(message, 'role', '?')} message cannot be sent: "
+            'send text or a user message ({"role": "user", ...}).'
         )
 
     # --- continue-as-new ------------------------------------------------------------

@@ -95,7 +95,7 @@ class SessionState(WireModel):
     status: Literal["idle", "running", "closed"]
     is_streaming: bool
     pending_tool_calls: list[str]
-    error_message: str | None
+    error_message: str | None = None
     message_count: int
     steering_queue: int
     follow_up_queue: int

@@ -13,7 +13,8 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
 from local_stack import DevServer
 from scripted_model import ScriptedModelServer
-from workflows.models import EVENTS_TOPIC, EventAdapter
+from workflows.contract import SessionResult, SessionState
+from workflows.models import EVENTS_TOPIC, AgentMessage, EventAdapter
 
 _COOLDOWN = timedelta(milliseconds=20)
 
@@ -40,7 +41,14 @@ class Stack:
             {"model": self.model, **input},
             id=workflow_id,
             task_queue=self.task_queue,
+            result_type=SessionResult,
         )
+
+    async def state(self, handle: WorkflowHandle[Any, Any]) -> SessionState:
+        return await handle.query("state", result_type=SessionState)
+
+    async def messages(self, handle: WorkflowHandle[Any, Any]) -> list[AgentMessage]:
+        return await handle.query("messages", result_type=list[AgentMessage])
 
     async def events(
         self, workflow_id: str, *, runs: int = 1, from_offset: int = 0, timeout: float = 30
@@ -89,3 +97,49 @@ def outline(events: list[dict[str, Any]], *, updates: bool = False) -> list[str]
         else:
             lines.append(kind)
     return lines
+
+
+class EventLog:
+    """Collects a conversation's events in the background, so a test can
+    wait for a moment (a tool started, a delta arrived) and act then."""
+
+    def __init__(self, client: Client, workflow_id: str, from_offset: int = 0) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._changed = asyncio.Condition()
+        self._task = asyncio.create_task(self._collect(client, workflow_id, from_offset))
+
+    async def _collect(self, client: Client, workflow_id: str, from_offset: int) -> None:
+        stream = WorkflowStreamClient.create(client, workflow_id)
+        try:
+            async for item in stream.subscribe(
+                [EVENTS_TOPIC], from_offset=from_offset, poll_cooldown=_COOLDOWN
+            ):
+                event = EventAdapter.validate_python(item.data).model_dump()
+                event["offset"] = item.offset
+                async with self._changed:
+                    self.events.append(event)
+                    self._changed.notify_all()
+        finally:
+            async with self._changed:  # wake waiters: the stream has ended
+                self._changed.notify_all()
+
+    async def wait_until(self, condition: Any, timeout: float = 30) -> list[dict[str, Any]]:
+        """Wait until ``condition(events)`` holds; returns the events so far."""
+
+        async def check() -> list[dict[str, Any]]:
+            async with self._changed:
+                while not condition(self.events):
+                    if self._task.done():
+                        self._task.result()
+                        raise AssertionError(f"the stream ended first: {outline(self.events)}")
+                    await self._changed.wait()
+                return list(self.events)
+
+        return await asyncio.wait_for(check(), timeout)
+
+    async def wait_for_type(self, kind: str, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
+        """Wait for the ``count``-th event of type ``kind``."""
+        return await self.wait_until(lambda events: sum(e["type"] == kind for e in events) >= count, timeout)
+
+    def close(self) -> None:
+        self._task.cancel()

@@ -1,0 +1,610 @@
+"""Conformance of the agent loop (SPEC §3-§6), on a real dev server with the
+real worker process and the scripted model over HTTP. Each test asserts the
+exact event order a client sees on the ``events`` topic."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from tests.support.stack import EventLog, Stack, outline
+from workflows.contract import PromptResult
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+def transcript_roles(messages: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for m in messages:
+        role = m["role"]
+        if role == "toolResult":
+            role += f":{m['toolCallId']}"
+        elif role == "assistant":
+            role += f":{m['stopReason']}"
+        out.append(role)
+    return out
+
+
+async def test_tool_call_result_and_final_answer(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("c1", "calculator", expression="6*7")]}, {"text": "It is 42."})
+    handle = await stack.start(prompt="What is 6*7?", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    assert outline(events) == [
+        "agent_start",
+        "turn_start",
+        "message_start:user",
+        "message_end:user",
+        "message_start:assistant",
+        "message_end:assistant:toolUse",
+        "tool_execution_start:c1",
+        "tool_execution_end:c1",
+        "message_start:toolResult:c1",
+        "message_end:toolResult:c1",
+        "turn_end",
+        "turn_start",
+        "message_start:assistant",
+        "message_end:assistant:stop",
+        "turn_end",
+        "agent_end",
+    ]
+    result = (await handle.result()).messages
+    assert result[2].content[0].text == "6*7 = 42"
+    assert result[-1].text == "It is 42."
+    end = events[-1]
+    assert [m["role"] for m in end["messages"]] == ["user", "assistant", "toolResult", "assistant"]
+    # The model saw the tool result and the tool schema.
+    second = stack.requests()[1]
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": "6*7 = 42"}
+    assert any(t["function"]["name"] == "calculator" for t in second["tools"])
+
+
+async def test_streamed_text_arrives_as_deltas_in_order(stack: Stack) -> None:
+    stack.script({"text": "Hello there, durable world!", "reasoning": "Let me think.", "chunk_chars": 5})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    updates = [e["assistantMessageEvent"] for e in events if e["type"] == "message_update"]
+    kinds = [u["type"] for u in updates]
+    assert kinds[0] == "thinking_start" and "text_start" in kinds
+    assert "".join(u["delta"] for u in updates if u["type"] == "text_delta") == "Hello there, durable world!"
+    assert "".join(u["delta"] for u in updates if u["type"] == "thinking_delta") == "Let me think."
+    final = (await handle.result()).messages[-1]
+    assert [c.type for c in final.content] == ["thinking", "text"]
+
+
+async def test_parallel_tools_end_in_completion_order_results_in_source_order(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("slow1", "echo", text="a", delay=1.0), call("fast2", "echo", text="b")]},
+        {"text": "done"},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    lines = outline(await stack.events(handle.id))
+    tool_part = lines[lines.index("tool_execution_start:slow1") : lines.index("turn_end")]
+    assert tool_part == [
+        "tool_execution_start:slow1",
+        "tool_execution_start:fast2",
+        "tool_execution_end:fast2",
+        "tool_execution_end:slow1",
+        "message_start:toolResult:slow1",
+        "message_end:toolResult:slow1",
+        "message_start:toolResult:fast2",
+        "message_end:toolResult:fast2",
+    ]
+
+
+async def test_one_sequential_tool_makes_the_batch_sequential(stack: Stack) -> None:
+    stack.script(
+        {
+            "tool_calls": [
+                call("s1", "echo", text="a", delay=0.6),
+                call("s2", "sequential_echo", text="b"),
+            ]
+        },
+        {"text": "done"},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    lines = outline(await stack.events(handle.id))
+    tool_part = lines[lines.index("tool_execution_start:s1") : lines.index("turn_end")]
+    assert tool_part == [
+        "tool_execution_start:s1",
+        "tool_execution_end:s1",
+        "message_start:toolResult:s1",
+        "message_end:toolResult:s1",
+        "tool_execution_start:s2",
+        "tool_execution_end:s2",
+        "message_start:toolResult:s2",
+        "message_end:toolResult:s2",
+    ]
+
+
+async def test_sequential_mode_setting_runs_calls_one_after_another(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("q1", "echo", text="a", delay=0.5), call("q2", "echo", text="b")]},
+        {"text": "done"},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True, toolExecution="sequential")
+    lines = outline(await stack.events(handle.id))
+    assert lines.index("tool_execution_end:q1") < lines.index("tool_execution_start:q2")
+
+
+async def test_steering_waits_for_the_whole_tool_batch(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("t1", "slow", seconds=1.5), call("t2", "echo", text="x")]},
+        {"text": "I see your steer."},
+    )
+    handle = await stack.start(prompt="work", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+    await handle.signal("steer", "change of plan")
+    await log.wait_for_type("agent_end")
+    log.close()
+    lines = outline(log.events)
+    assert lines[lines.index("message_end:toolResult:t2") :] == [
+        "message_end:toolResult:t2",
+        "turn_end",
+        "turn_start",
+        "message_start:user",
+        "message_end:user",
+        "message_start:assistant",
+        "message_end:assistant:stop",
+        "turn_end",
+        "agent_end",
+    ]
+    messages = (await handle.result()).messages
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:t1",
+        "toolResult:t2",
+        "user",
+        "assistant:stop",
+    ]
+    assert messages[4].content == "change of plan"
+    # Both tools ran: steering never skips the current message's tool calls.
+    assert not any(m.is_error for m in messages if m.role == "toolResult")
+
+
+async def test_follow_up_runs_only_when_the_agent_would_stop(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("f1", "slow", seconds=1.0)]},
+        {"text": "first answer"},
+        {"text": "follow-up answer"},
+    )
+    handle = await stack.start(prompt="task", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+    await handle.signal("follow_up", "and then this")
+    await log.wait_for_type("agent_end")
+    log.close()
+    messages = (await handle.result()).messages
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:f1",
+        "assistant:stop",
+        "user",
+        "assistant:stop",
+    ]
+    assert messages[4].content == "and then this"
+    lines = outline(log.events)
+    assert lines.count("agent_start") == 1 and lines.count("agent_end") == 1
+    assert lines.count("turn_start") == 3
+
+
+async def test_steering_queue_modes(stack: Stack) -> None:
+    """one-at-a-time injects one steering message per turn; all drains the queue."""
+    for mode, expected_turns in (("one-at-a-time", 3), ("all", 2)):
+        stack.script(
+            {"tool_calls": [call(f"m-{mode}", "slow", seconds=1.0)]},
+            {"text": "a"},
+            {"text": "b"},
+        )
+        handle = await stack.start(prompt="go", closeWhenIdle=True, steeringMode=mode)
+        log = EventLog(stack.client, handle.id)
+        await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+        await handle.signal("steer", "one")
+        await handle.signal("steer", "two")
+        await log.wait_for_type("agent_end")
+        log.close()
+        messages = (await handle.result()).messages
+        assistant_turns = sum(1 for m in messages if m.role == "assistant")
+        assert assistant_turns == expected_turns, mode
+        users = [m.content for m in messages if m.role == "user"]
+        assert users == ["go", "one", "two"]
+        stack.model_server.reset()
+
+
+async def test_terminate_only_when_every_result_says_so(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("a1", "finish"), call("a2", "echo", text="x")]},
+        {"tool_calls": [call("b1", "finish"), call("b2", "finish")]},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    messages = (await handle.result()).messages
+    # Mixed batch: the loop goes on; all-terminate batch: it stops without another model call.
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:a1",
+        "toolResult:a2",
+        "assistant:toolUse",
+        "toolResult:b1",
+        "toolResult:b2",
+    ]
+    assert len(stack.requests()) == 2
+    assert outline(events)[-2:] == ["turn_end", "agent_end"]
+
+
+async def test_stop_after_turn_skips_both_queues(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "later"})
+    handle = await stack.start(prompt="go")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+    await handle.signal("steer", "queued steer")
+    await handle.signal("follow_up", "queued follow-up")
+    await handle.signal("stop_after_turn")
+    await log.wait_for_type("agent_end")
+    state = await stack.state(handle)
+    assert state.steering_queue == 1 and state.follow_up_queue == 1
+    assert state.status == "idle"
+    messages = await stack.messages(handle)
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:s1",
+    ]
+    # The queued messages are delivered by the next run (continue drains steering first).
+    await handle.execute_update("continue")
+    await log.wait_for_type("agent_end", count=2)
+    messages = await stack.messages(handle)
+    assert [m.content for m in messages if m.role == "user"] == ["go", "queued steer", "queued follow-up"]
+    log.close()
+    await handle.signal("close")
+
+
+async def test_max_turns_ends_the_run(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("x1", "echo", text="1")]},
+        {"tool_calls": [call("x2", "echo", text="2")]},
+    )
+    handle = await stack.start(prompt="loop", closeWhenIdle=True, maxTurns=2)
+    messages = (await handle.result()).messages
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:x1",
+        "assistant:toolUse",
+        "toolResult:x2",
+    ]
+
+
+async def test_tool_errors_become_error_results(stack: Stack) -> None:
+    stack.script(
+        {
+            "tool_calls": [
+                call("u1", "no_such_tool"),
+                call("v1", "calculator", wrong="field"),
+                call("e1", "explode"),
+                {"id": "j1", "name": "echo", "arguments": '{"text": "unterminated'},
+            ]
+        },
+        {"text": "I will fix that."},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    ends = {e["toolCallId"]: e for e in events if e["type"] == "tool_execution_end"}
+    assert all(e["isError"] for e in ends.values())
+    texts = {k: e["result"]["content"][0]["text"] for k, e in ends.items()}
+    assert texts["u1"] == "Tool no_such_tool not found"
+    assert texts["v1"].startswith('Validation failed for tool "calculator"')
+    assert "expression" in texts["v1"] and '"wrong": "field"' in texts["v1"]
+    assert texts["e1"] == "the tool blew up"
+    assert "not valid JSON" in texts["j1"] and "unterminated" in texts["j1"]
+    messages = (await handle.result()).messages
+    assert messages[-1].text == "I will fix that."
+    # Immediate errors end before anything runs; only the exploding tool ran as an activity.
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.count("execute_tool") == 1
+
+
+async def test_length_truncated_tool_calls_are_not_executed(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("l1", "explode")], "finish_reason": "length"},
+        {"text": "retrying with shorter output"},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    messages = (await handle.result()).messages
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:length",
+        "toolResult:l1",
+        "assistant:stop",
+    ]
+    assert messages[2].is_error and "token limit" in messages[2].content[0].text
+    history = await handle.fetch_history()
+    assert not any(
+        e.activity_task_scheduled_event_attributes.activity_type.name == "execute_tool"
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    )
+
+
+async def test_rate_limit_is_retried_after_retry_after(stack: Stack) -> None:
+    stack.script(
+        {"fault": {"kind": "status", "status": 429, "retry_after": 2, "message": "slow down"}},
+        {"text": "made it"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    messages = (await handle.result()).messages
+    assert messages[-1].text == "made it" and messages[-1].stop_reason == "stop"
+    history = await handle.fetch_history()
+    started = [e for e in history.events if e.HasField("activity_task_started_event_attributes")][
+        -1
+    ].activity_task_started_event_attributes
+    assert started.attempt == 2
+    assert "429" in started.last_failure.message
+    # Retry-After (2 s) was honoured, not the 1 s default backoff.
+    requests = stack.requests()
+    assert len(requests) == 2
+
+
+async def test_retried_attempt_is_marked_on_the_stream(stack: Stack) -> None:
+    stack.script(
+        {"text": "partial answer that will be dropped", "fault": {"kind": "drop", "after_chunks": 4}},
+        {"text": "complete answer"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    kinds = [e["type"] for e in events]
+    retry = kinds.index("message_retry")
+    assert events[retry]["attempt"] == 2
+    assert kinds.index("message_start", retry) > retry
+    after = [
+        e["assistantMessageEvent"]["delta"]
+        for e in events[retry:]
+        if e["type"] == "message_update" and e["assistantMessageEvent"]["type"] == "text_delta"
+    ]
+    assert "".join(after) == "complete answer"
+    assert (await handle.result()).messages[-1].text == "complete answer"
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"kind": "status", "status": 500},
+        {"kind": "malformed", "after_chunks": 2},
+        {"kind": "stall", "after_chunks": 2, "seconds": 6},
+    ],
+    ids=["500", "malformed", "stall"],
+)
+async def test_transient_failures_are_retried(stack: Stack, fault: dict[str, Any]) -> None:
+    stack.script({"text": "first try", "fault": fault}, {"text": "second try"})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    messages = (await handle.result()).messages
+    assert messages[-1].text == "second try"
+
+
+async def test_bad_request_ends_the_run_with_an_error_message(stack: Stack) -> None:
+    stack.script(
+        {"fault": {"kind": "status", "status": 400, "message": "context_length_exceeded: too long"}},
+        {"text": "never used"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    assert outline(events)[-4:] == [
+        "message_start:assistant",
+        "message_end:assistant:error",
+        "turn_end",
+        "agent_end",
+    ]
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "error"
+    assert "400" in last.error_message and "context_length_exceeded" in last.error_message
+    assert len(stack.requests()) == 1  # not retried
+
+
+async def test_prompt_while_running_is_refused(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("p1", "slow", seconds=1.0)]}, {"text": "ok"})
+    handle = await stack.start(prompt="first")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", "second")
+    assert "A run is already active" in str(refused.value.cause)
+    await log.wait_for_type("agent_end")
+    # Idle again: a prompt is accepted and its run's events start at the returned offset.
+    stack.script({"text": "second answer"})
+    result = await handle.execute_update("prompt", "second", result_type=PromptResult)
+    assert result.run == 2
+    await log.wait_for_type("agent_end", count=2)
+    second_run = [e for e in log.events if e["offset"] >= result.event_offset]
+    assert outline(second_run)[0] == "agent_start"
+    log.close()
+    await handle.signal("close")
+
+
+async def test_invalid_payloads_are_refused_or_dropped(stack: Stack) -> None:
+    handle = await stack.start()
+    for bad in ("", "   ", {"role": "assistant", "content": []}, {"content": 3}, 42):
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update("prompt", bad)
+    await handle.signal("steer", "")
+    await handle.signal("follow_up", {"nonsense": True})
+    state = await stack.state(handle)
+    assert state.steering_queue == 0 and state.follow_up_queue == 0 and state.status == "idle"
+    stack.script({"text": "still fine"})
+    await handle.execute_update("prompt", {"role": "user", "content": [{"type": "text", "text": "hello"}]})
+    await handle.signal("close")
+    messages = (await handle.result()).messages
+    assert messages[-1].text == "still fine"
+
+
+async def test_invalid_start_input_fails_with_a_clear_message(stack: Stack) -> None:
+    handle = await stack.start(steeringMode="sometimes")
+    with pytest.raises(Exception) as failed:
+        await handle.result()
+    assert "steeringMode" in str(failed.value.cause) or "steering_mode" in str(failed.value.cause)
+
+
+async def test_steer_while_idle_starts_a_run(stack: Stack) -> None:
+    stack.script({"text": "first"}, {"text": "answer to the steer"})
+    handle = await stack.start(prompt="hi")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("agent_end")
+    await handle.signal("steer", "one more thing")
+    await log.wait_for_type("agent_end", count=2)
+    log.close()
+    messages = await stack.messages(handle)
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[-1].text == "answer to the steer"
+    await handle.signal("close")
+
+
+async def test_continue_from_an_assistant_message_without_queue_is_refused(stack: Stack) -> None:
+    stack.script({"text": "done"})
+    handle = await stack.start(prompt="hi")
+    await stack.events(handle.id)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("continue")
+    assert "Cannot continue from an assistant message" in str(refused.value.cause)
+    await handle.signal("close")
+
+
+async def test_abort_mid_stream_keeps_partial_text(stack: Stack) -> None:
+    stack.script({"text": "a long answer " * 40, "delay_ms": 50})
+    handle = await stack.start(prompt="talk", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "message_update" for e in es))
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    assert outline(log.events)[-3:] == ["message_end:assistant:aborted", "turn_end", "agent_end"]
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "aborted"
+    assert last.text.startswith("a long answer") and len(last.text) < len("a long answer " * 40)
+
+
+async def test_abort_during_tools_leaves_no_orphan_tool_calls(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("r1", "slow", seconds=20), call("r2", "echo", text="quick")]},
+        {"text": "must not be requested"},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_end" for e in es))
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    messages = (await handle.result()).messages
+    assert transcript_roles([m.model_dump() for m in messages]) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:r1",
+        "toolResult:r2",
+        "assistant:aborted",
+    ]
+    assert messages[2].content[0].text == "Tool execution aborted"
+    assert messages[3].content[0].text == "echo: quick"
+    assert len(stack.requests()) == 1  # the model is not called again after an abort
+    tool_call_ids = {c.id for m in messages if m.role == "assistant" for c in m.tool_calls}
+    result_ids = {m.tool_call_id for m in messages if m.role == "toolResult"}
+    assert tool_call_ids == result_ids
+
+
+async def test_queued_messages_stay_queued_after_an_error(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("q1", "slow", seconds=1.0)]},
+        {"fault": {"kind": "status", "status": 401, "message": "bad key"}},
+    )
+    handle = await stack.start(prompt="go")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+    await handle.signal("follow_up", "later")
+    await log.wait_for_type("agent_end")
+    log.close()
+    state = await stack.state(handle)
+    assert state.status == "idle" and state.follow_up_queue == 1
+    assert state.error_message and "401" in state.error_message
+    await handle.signal("close")
+
+
+async def test_images_reach_the_model(stack: Stack) -> None:
+    stack.script({"text": "a red pixel"})
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+    handle = await stack.start(
+        prompt={
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image", "data": pixel, "mimeType": "image/png"},
+            ],
+        },
+        closeWhenIdle=True,
+    )
+    await handle.result()
+    content = stack.requests()[0]["messages"][-1]["content"]
+    assert content[1] == {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}}
+
+
+async def test_settings_reach_the_model_and_the_key_stays_out_of_history(stack: Stack) -> None:
+    stack.script({"text": "ok"})
+    handle = await stack.start(
+        prompt="hi", closeWhenIdle=True, systemPrompt="Be brief.", thinkingLevel="high", tools=["calculator"]
+    )
+    await handle.result()
+    request = stack.requests()[0]
+    assert request["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert request["reasoning_effort"] == "high"
+    assert [t["function"]["name"] for t in request["tools"]] == ["calculator"]
+    assert request["stream"] is True and request["stream_options"] == {"include_usage": True}
+    history = await handle.fetch_history()
+    assert b"test-key-never-in-history" not in history.to_json().encode()
+
+
+async def test_unknown_tool_in_settings_fails_the_start_clearly(stack: Stack) -> None:
+    handle = await stack.start(prompt="hi", tools=["calculator", "teleport"])
+    with pytest.raises(Exception) as failed:
+        await handle.result()
+    assert "teleport" in str(failed.value.cause)
+
+
+async def test_tool_sees_an_idempotency_key_derived_from_the_call_id(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("key-1", "whoami")]}, {"text": "ok"})
+    handle = await stack.start(prompt="who", closeWhenIdle=True)
+    messages = (await handle.result()).messages
+    assert messages[2].details["key"] == f"{handle.id}/tool-key-1"
+
+
+async def test_tool_progress_is_streamed(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("pr1", "slow", seconds=0.4, steps=2)]}, {"text": "ok"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    lines = outline(await stack.events(handle.id), updates=False)
+    events = await stack.events(handle.id)
+    updates = [e for e in events if e["type"] == "tool_execution_update"]
+    assert [u["partialResult"]["content"][0]["text"] for u in updates] == ["step 1/2", "step 2/2"]
+    assert lines.index("tool_execution_start:pr1") < lines.index("tool_execution_end:pr1")
+    kinds = [e["type"] for e in events]
+    assert (
+        kinds.index("tool_execution_start")
+        < kinds.index("tool_execution_update")
+        < kinds.index("tool_execution_end")
+    )
+
+
+async def test_close_ends_the_conversation_with_its_transcript(stack: Stack) -> None:
+    stack.script({"text": "hello"})
+    handle = await stack.start(prompt="hi")
+    await stack.events(handle.id)
+    await handle.signal("close")
+    result = await asyncio.wait_for(handle.result(), 10)
+    assert [m.role for m in result.messages] == ["user", "assistant"]
