@@ -83,7 +83,22 @@ class DevServer:
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port(self.port, 60, self.process)
         wait_for_port(self.ui_port, 60, self.process)
+        self._wait_until_serving()
         return self
+
+    def _wait_until_serving(self, timeout: float = 60) -> None:
+        """The port opens before the frontend is healthy; wait for that too."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            health = subprocess.run(
+                [temporal_cli(), "operator", "cluster", "health", "--address", self.address],
+                capture_output=True,
+                text=True,
+            )
+            if health.returncode == 0 and "SERVING" in health.stdout:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"the dev server at {self.address} is not healthy after {timeout} s")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process and self.process.poll() is None:

@@ -1,6 +1,8 @@
 """Talk to agent conversations from the command line.
 
     python starter.py run "What is 2+2?"      start, stream the answer, close
+    python starter.py chat [--id ID]           chat in the terminal (new, or re-attach to ID)
+    python starter.py watch ID [--json] [--from OFFSET]   print the events as they happen
     python starter.py start [--id ID] [--prompt TEXT]
     python starter.py prompt ID TEXT           start a run (refused while one is active)
     python starter.py steer ID TEXT            inject before the next model call
@@ -16,18 +18,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import uuid
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from rich.console import Console
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from config import Config, ServerUnreachable, connect
+from console import EventRenderer, chat, follow, watch
 from workflows.contract import PromptResult, SessionResult, SessionState
-from workflows.models import AgentMessage, AssistantMessage, MessageList
+from workflows.models import AgentMessage, MessageList
 
 
 class UserError(Exception):
@@ -47,7 +52,9 @@ def session_input(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-async def start_conversation(client: Client, config: Config, workflow_id: str, input: dict[str, Any]) -> WorkflowHandle[Any, Any]:
+async def start_conversation(
+    client: Client, config: Config, workflow_id: str, input: dict[str, Any]
+) -> WorkflowHandle[Any, Any]:
     return await client.start_workflow(
         "AgentWorkflow", input, id=workflow_id, task_queue=config.task_queue, result_type=SessionResult
     )
@@ -59,14 +66,28 @@ async def cmd_run(client: Client, config: Config, args: argparse.Namespace) -> i
         client, config, workflow_id, {**session_input(args), "closeWhenIdle": True}
     )
     print(f"conversation {workflow_id}: {config.workflow_url(workflow_id)}", file=sys.stderr)
-    result: SessionResult = await handle.result()
-    last = next((m for m in reversed(result.messages) if isinstance(m, AssistantMessage)), None)
-    if last is None:
-        raise UserError("The conversation ended without an answer.")
-    print(last.text)
-    if last.stop_reason == "error":
-        print(f"error: {last.error_message}", file=sys.stderr)
-        return 1
+    renderer = EventRenderer(Console())
+    async for _, event in follow(client, workflow_id):
+        renderer.render(event)
+        if event["type"] == "agent_end":
+            renderer.end_line()
+            return 1 if _ended_in_error(event["messages"]) else 0
+    await handle.result()  # the workflow ended without a run: this raises why
+    raise UserError("The conversation ended without an answer.")
+
+
+def _ended_in_error(messages: list[dict[str, Any]]) -> bool:
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    return last is not None and last.get("stopReason") == "error"
+
+
+async def cmd_chat(client: Client, config: Config, args: argparse.Namespace) -> int:
+    await chat(client, config, args.id, session_input(args))
+    return 0
+
+
+async def cmd_watch(client: Client, config: Config, args: argparse.Namespace) -> int:
+    await watch(client, args.id, as_json=args.json, from_offset=args.from_offset)
     return 0
 
 
@@ -127,7 +148,9 @@ SIGNALS: dict[str, tuple[str, bool]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def settings(sub: argparse.ArgumentParser) -> None:
@@ -138,9 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--max-turns", type=int)
         sub.add_argument("--id", help="conversation id (workflow id)")
 
-    run = commands.add_parser("run", help="start a conversation, wait, print the answer")
+    run = commands.add_parser("run", help="start a conversation, stream its run, close it")
     run.add_argument("prompt")
     settings(run)
+    settings(commands.add_parser("chat", help="chat in the terminal (--id re-attaches)"))
+    watch = commands.add_parser("watch", help="print a conversation's events as they happen")
+    watch.add_argument("id")
+    watch.add_argument("--json", action="store_true", help="one JSON event per line, with its offset")
+    watch.add_argument("--from", dest="from_offset", type=int, default=0, metavar="OFFSET")
     start = commands.add_parser("start", help="start a conversation and print its id")
     start.add_argument("--prompt")
     settings(start)
@@ -155,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {
     "run": cmd_run,
+    "chat": cmd_chat,
+    "watch": cmd_watch,
     "start": cmd_start,
     "prompt": cmd_prompt,
     "continue": cmd_continue,
@@ -172,6 +202,9 @@ async def run_command(args: argparse.Namespace) -> int:
     except WorkflowUpdateFailedError as err:
         cause = err.cause
         raise UserError(getattr(cause, "message", None) or str(cause)) from None
+    except WorkflowFailureError as err:
+        cause = err.cause
+        raise UserError(f"The conversation failed: {getattr(cause, 'message', None) or cause}") from None
     except RPCError as err:
         raise UserError(err.message) from None
 
@@ -185,8 +218,11 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
-    sys.stdout.flush()
-    sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away (`watch ID --json | head`)
+        code = 0
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code)  # the SDK can crash at interpreter exit (sdk-python #300)
 
 

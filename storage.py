@@ -14,8 +14,8 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -64,12 +64,14 @@ class FileSystemStorageDriver(StorageDriver):
     async def store(
         self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
     ) -> list[StorageDriverClaim]:
+        """Write each payload's file (unless it exists) and claim it by namespace and hash."""
         namespace = context.target.namespace if context.target and context.target.namespace else "default"
         return await asyncio.gather(*(asyncio.to_thread(self._write, namespace, p) for p in payloads))
 
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
+        """Read each claimed file back, checking its hash."""
         return await asyncio.gather(*(asyncio.to_thread(self._read, claim) for claim in claims))
 
     def path_for(self, namespace: str, digest: str) -> Path:
@@ -121,14 +123,14 @@ def _namespace_dir(namespace: str) -> str:
     return "%2E" + segment[1:] if segment.startswith(".") else segment
 
 
-class _LazyS3Client(S3StorageDriverClient):
-    """The SDK's aioboto3 client, opened on first use, with keys under ``prefix``.
+class _PrefixedS3Client(S3StorageDriverClient):
+    """The SDK's aioboto3 adapter on a fresh aioboto3 client per call, with keys under ``prefix``.
 
-    aioboto3 clients are async context managers bound to the running event
-    loop, while the data converter is built before any loop runs; so the
-    client is opened by the first store or retrieve and kept for the life of
-    the process. References in the history hold the key without the prefix:
-    keep the prefix fixed for a deployment.
+    An aioboto3 client is an async context manager tied to one event loop,
+    while the data converter is built before any loop runs and may outlive
+    one; a client per call (about 4 ms once the first has loaded the S3
+    model) needs no lifecycle. References in the history hold keys without
+    the prefix: keep it fixed for a deployment.
     """
 
     def __init__(
@@ -137,29 +139,29 @@ class _LazyS3Client(S3StorageDriverClient):
         adapt: Callable[[Any], S3StorageDriverClient],
         prefix: str,
     ) -> None:
-        self.prefix = prefix
+        self._prefix = prefix
         self._open_client = open_client
         self._adapt = adapt
-        self._client: S3StorageDriverClient | None = None
-        self._lock = asyncio.Lock()
 
-    async def _opened(self) -> S3StorageDriverClient:
-        async with self._lock:
-            if self._client is None:
-                self._client = self._adapt(await self._open_client().__aenter__())
-        return self._client
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[S3StorageDriverClient]:
+        async with self._open_client() as client:
+            yield self._adapt(client)
 
     def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
+        return f"{self._prefix}/{key}" if self._prefix else key
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        await (await self._opened()).put_object(bucket=bucket, key=self._key(key), data=data)
+        async with self._client() as client:
+            await client.put_object(bucket=bucket, key=self._key(key), data=data)
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
-        return await (await self._opened()).object_exists(bucket=bucket, key=self._key(key))
+        async with self._client() as client:
+            return await client.object_exists(bucket=bucket, key=self._key(key))
 
     async def get_object(self, *, bucket: str, key: str) -> bytes:
-        return await (await self._opened()).get_object(bucket=bucket, key=self._key(key))
+        async with self._client() as client:
+            return await client.get_object(bucket=bucket, key=self._key(key))
 
 
 def _s3_driver(url: str) -> S3StorageDriver:
@@ -176,7 +178,7 @@ def _s3_driver(url: str) -> S3StorageDriver:
             "pip install 'temporalio[aioboto3]'."
         ) from None
     session = aioboto3.Session()
-    client = _LazyS3Client(
+    client = _PrefixedS3Client(
         lambda: session.client(
             "s3",
             endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -45,8 +46,14 @@ def load_tool_modules(names: list[str]) -> None:
             ) from None
 
 
-def build_worker(client: Client, config: Config, llm: LlmActivities | None = None) -> Worker:
-    """The worker with every workflow and activity of the agent.
+def build_worker(
+    client: Client,
+    config: Config,
+    llm: LlmActivities | None = None,
+    workflows: Sequence[type] = (AgentWorkflow,),
+) -> Worker:
+    """The worker with every workflow and activity of the agent
+    (``workflows``: ``AgentWorkflow`` or subclasses that override its hooks).
 
     A killed worker's cached workflows move to another worker after one
     second (not the default ten), and heartbeats reach the server at least
@@ -56,7 +63,7 @@ def build_worker(client: Client, config: Config, llm: LlmActivities | None = Non
     return Worker(
         client,
         task_queue=config.task_queue,
-        workflows=[AgentWorkflow],
+        workflows=list(workflows),
         activities=[llm.stream_assistant_response, execute_tool, session_defaults],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
         max_heartbeat_throttle_interval=timedelta(seconds=1),
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         asyncio.run(run_worker(env_modules + args.tools))
-    except (ServerUnreachable, ToolModuleError) as err:
+    except (ServerUnreachable, ToolModuleError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         code = 2
     sys.stdout.flush()

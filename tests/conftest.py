@@ -50,6 +50,7 @@ def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifac
         "AGENT_TEST_LEDGER": str(artifacts / "ledger.txt"),
         "AGENT_WORKSPACE": str(Path(__file__).resolve().parent.parent),
         "AGENT_TOOL_OUTPUT_DIR": str(artifacts / "tool-output"),
+        "AGENT_STORAGE_DIR": str(artifacts / "payloads"),
     }
 
 
@@ -74,4 +75,6 @@ async def stack(
     return Stack(client, model_server, "agent-tests", f"model-{uuid.uuid4().hex[:8]}", dev_server)
 
 
+# Clients in this process read large payloads from the same store as the worker.
 os.environ.setdefault("AGENT_TOOL_OUTPUT_DIR", str(ARTIFACTS / "tool-output"))
+os.environ.setdefault("AGENT_STORAGE_DIR", str(ARTIFACTS / "payloads"))

@@ -147,6 +147,7 @@ class AgentWorkflow:
         self._tool_handles: dict[str, workflow.ActivityHandle[ToolOutcome]] = {}
         self._activity_ids: set[str] = set()
         self._turns_this_execution = 0
+        self._run_ended = False  # a run ended and no other started since
         self._argument_errors: dict[str, str] = {}
         if session.prompt is not None and self._input_error is None:
             try:
@@ -170,19 +171,22 @@ class AgentWorkflow:
         if self._run is not None:
             await self._resume_run(self._run)
         while True:
+            if self._run_ended and self._settings.close_when_idle and self._is_idle_and_drained():
+                break
             await workflow.wait_condition(
                 lambda: self._requested is not None or self._closing or self._continue_as_new_due()
             )
             if self._requested is not None:
                 request, self._requested = self._requested, None
                 await self._start_run(request)
-                if self._settings.close_when_idle and self._is_idle_and_drained():
-                    break
             elif self._closing:
                 break
             else:
                 await self._continue_as_new()
         self._update_details()
+        # Release waiting stream subscribers (they drain the rest by query),
+        # else their open polls would keep the conversation from completing.
+        self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return SessionResult(messages=self._messages)
 
@@ -222,6 +226,7 @@ class AgentWorkflow:
                 workflow.logger.warning("Not continuing: %s", err)
                 return
         self._runs += 1
+        self._run_ended = False
         self._abort_requested = False
         self._error_message = None
         self._run = RunState(started_at_message=len(self._messages))
@@ -291,6 +296,7 @@ class AgentWorkflow:
         assert run is not None
         self._emit(AgentEndEvent(messages=self._messages[run.started_at_message :]))
         self._run = None
+        self._run_ended = True
         self._abort_requested = False
         self._update_details()
 

@@ -1,0 +1,260 @@
+"""Print a conversation's events (and stored transcripts) on a terminal.
+
+The renderer keeps just enough state to print each token once: whether the
+cursor is in the middle of a streamed line, whether the message being
+streamed was seen from its start, and whether the run has answered yet (a
+user message after that was injected mid-run: steering).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+ARGS_CHARS = 120
+RESULT_LINES = 8
+
+_THINKING = "dim italic"
+_TOOL = "cyan"
+_NOTE = "dim"
+_PROMPT = "bold"
+_STEER = "bold magenta"
+_ERROR = "red"
+_WARNING = "yellow"
+
+
+def json_line(event: dict[str, Any]) -> str:
+    """One event as one line of JSON (``--json`` output)."""
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+
+
+class EventRenderer:
+    """Prints events as they arrive: tokens inline as they stream, thinking
+    dimmed, tool calls with their progress and results, retries and errors
+    as notes, and a one-line summary when a run ends."""
+
+    def __init__(self, console: Console, *, show_thinking: bool = True, max_result_chars: int = 400) -> None:
+        self._console = console
+        self._show_thinking = show_thinking
+        self._max_result_chars = max_result_chars
+        self._line_open = False  # tokens printed, their line not ended yet
+        self._streaming = False  # the current assistant message was seen from its start
+        self._streamed = False  # ...and some of it was printed from its deltas
+        self._answered = False  # the run has an answer: user messages now are steering
+
+    def render(self, event: dict[str, Any]) -> None:
+        """Print one event; types this renderer does not know are ignored."""
+        handler = getattr(self, f"_on_{event.get('type')}", None)
+        if handler is not None:
+            handler(event)
+
+    def render_transcript(self, messages: list[dict[str, Any]]) -> None:
+        """Print stored messages, as the live events would have shown them."""
+        previous: str | None = None
+        for message in messages:
+            role = message.get("role")
+            if role == "user":
+                self._user(message, steering=previous == "toolResult")
+            elif role == "assistant":
+                self._content(message, with_tool_calls=True)
+                self._stop_reason(message)
+            elif role == "toolResult":
+                self._result(message.get("toolName", "?"), message, bool(message.get("isError")))
+            else:
+                self._custom(message)
+            previous = role
+        # What follows a transcript is live: a user message before the next
+        # run starts (``agent_start``) can only be a steering one.
+        self._answered = True
+
+    def end_line(self) -> None:
+        """Finish a line left open by streamed tokens."""
+        if self._line_open:
+            self._console.print()
+            self._line_open = False
+
+    # --- event handlers ----------------------------------------------------
+
+    def _on_agent_start(self, event: dict[str, Any]) -> None:
+        self._answered = False
+
+    def _on_message_start(self, event: dict[str, Any]) -> None:
+        message = event["message"]
+        role = message.get("role")
+        if role == "assistant":
+            self.end_line()
+            self._streaming, self._streamed = True, False
+        elif role == "user":
+            self._user(message, steering=self._answered)
+        elif role != "toolResult":  # tool results are shown by tool_execution_end
+            self._custom(message)
+
+    def _on_message_update(self, event: dict[str, Any]) -> None:
+        if not self._streaming:
+            return  # joined mid-message: it is printed whole at its end
+        update = event["assistantMessageEvent"]
+        kind = update.get("type")
+        if kind in ("text_start", "thinking_start"):
+            self.end_line()
+        elif kind == "text_delta":
+            self._stream(update.get("delta", ""), "")
+        elif kind == "thinking_delta" and self._show_thinking:
+            self._stream(update.get("delta", ""), _THINKING)
+
+    def _on_message_end(self, event: dict[str, Any]) -> None:
+        message = event["message"]
+        if message.get("role") != "assistant":
+            return
+        if not self._streamed:
+            self._content(message, with_tool_calls=False)
+        self._stop_reason(message)
+        self._streaming = self._streamed = False
+        self._answered = True
+
+    def _on_message_retry(self, event: dict[str, Any]) -> None:
+        reason = f" ({event['reason']})" if event.get("reason") else ""
+        discarded = "the partial answer above is discarded; " if self._streamed else ""
+        self._note(f"↻ model call failed{reason}: {discarded}retrying (attempt {event.get('attempt')})")
+        self._streaming = self._streamed = False
+
+    def _on_tool_execution_start(self, event: dict[str, Any]) -> None:
+        self._tool_call(event.get("toolName", "?"), event.get("args"))
+
+    def _on_tool_execution_update(self, event: dict[str, Any]) -> None:
+        text = _result_text(event.get("partialResult")).strip()
+        if text:
+            self._note(f"  ⋯ {_shorten(text.splitlines()[0], self._max_result_chars)}")
+
+    def _on_tool_execution_end(self, event: dict[str, Any]) -> None:
+        self._result(event.get("toolName", "?"), event.get("result"), bool(event.get("isError")))
+
+    def _on_agent_end(self, event: dict[str, Any]) -> None:
+        self._note(_summary(event.get("messages", [])))
+
+    # --- pieces ----------------------------------------------------------------
+
+    def _stream(self, text: str, style: str) -> None:
+        """Print tokens where the cursor is; the terminal wraps them."""
+        if not text:
+            return
+        self._console.print(Text(text, style=style), end="", soft_wrap=True)
+        self._line_open = not text.endswith("\n")
+        self._streamed = True
+
+    def _note(self, text: str) -> None:
+        """A dim line of the renderer's own (progress, retries, summaries)."""
+        self._line(Text(text, style=_NOTE))
+
+    def _line(self, text: Text) -> None:
+        self.end_line()
+        self._console.print(text)
+
+    def _user(self, message: dict[str, Any], *, steering: bool) -> None:
+        text = _user_text(message.get("content"))
+        if steering:
+            self._line(Text(f"» steer: {text}", style=_STEER))
+        else:
+            self._line(Text(f"» {text}", style=_PROMPT))
+
+    def _custom(self, message: dict[str, Any]) -> None:
+        self._note(f"· {message.get('role')} message")
+
+    def _content(self, message: dict[str, Any], *, with_tool_calls: bool) -> None:
+        """An assistant message's blocks, in order, from the message itself."""
+        for block in message.get("content") or []:
+            kind = block.get("type")
+            if kind == "thinking" and self._show_thinking:
+                self.end_line()
+                self._stream(block.get("thinking", ""), _THINKING)
+            elif kind == "text":
+                self.end_line()
+                self._stream(block.get("text", ""), "")
+            elif kind == "toolCall" and with_tool_calls:
+                self._tool_call(block.get("name", "?"), block.get("arguments"))
+        self.end_line()
+
+    def _tool_call(self, name: str, args: Any) -> None:
+        self._line(Text(f"⚙ {name}({_format_args(args)})", style=_TOOL))
+
+    def _result(self, tool_name: str, result: Any, is_error: bool) -> None:
+        text = _clip(_result_text(result) or "(no output)", self._max_result_chars)
+        first, *rest = text.splitlines() or [""]
+        line = Text(f"  {'✗' if is_error else '✓'} {tool_name}: ", style=_ERROR if is_error else "green")
+        line.append(first, style=_ERROR if is_error else _NOTE)
+        for more in rest:
+            line.append(f"\n    {more}", style=_ERROR if is_error else _NOTE)
+        self._line(line)
+
+    def _stop_reason(self, message: dict[str, Any]) -> None:
+        self.end_line()
+        reason, error = message.get("stopReason"), message.get("errorMessage")
+        if reason == "error":
+            self._line(Text(f"✗ {error or 'The model call failed.'}", style=_ERROR))
+        elif reason == "aborted":
+            self._line(Text(f"⚠ {error or 'Request was aborted'}", style=_WARNING))
+        elif reason == "length":
+            self._line(Text("⚠ The answer hit the output token limit.", style=_WARNING))
+
+
+# --- text helpers ---------------------------------------------------------------
+
+
+def _user_text(content: Any) -> str:
+    return content if isinstance(content, str) else " ".join(_block_texts(content))
+
+
+def _result_text(result: Any) -> str:
+    """The text of a ``{content, details}`` result: its text blocks, else its details."""
+    if not isinstance(result, dict):
+        return "" if result is None else str(result)
+    text = "\n".join(_block_texts(result.get("content")))
+    if not text.strip() and result.get("details"):
+        text = json.dumps(result["details"], ensure_ascii=False, default=str)
+    return text
+
+
+def _block_texts(blocks: Any) -> list[str]:
+    """The text of each text block; ``[image]`` for an image."""
+    texts = []
+    for block in blocks or []:
+        if block.get("type") == "text":
+            texts.append(block.get("text", ""))
+        elif block.get("type") == "image":
+            texts.append("[image]")
+    return texts
+
+
+def _format_args(args: Any) -> str:
+    if isinstance(args, dict):
+        text = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in args.items())
+    else:
+        text = json.dumps(args, ensure_ascii=False, default=str)
+    return _shorten(text, ARGS_CHARS)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clip(text: str, limit: int) -> str:
+    """The first lines of ``text``, at most ``limit`` characters."""
+    text = text.strip()
+    clipped = "\n".join(text.splitlines()[:RESULT_LINES])[:limit]
+    return clipped if clipped == text else clipped.rstrip() + " …"
+
+
+def _summary(messages: list[dict[str, Any]]) -> str:
+    """``· 2 turns · 1,234 tokens · $0.0012`` from the run's assistant messages."""
+    answers = [m for m in messages if m.get("role") == "assistant"]
+    usages = [m.get("usage") or {} for m in answers]
+    tokens = sum(u.get("totalTokens", 0) for u in usages)
+    cost = sum((u.get("cost") or {}).get("total", 0.0) for u in usages)
+    parts = [f"{len(answers)} turn{'' if len(answers) == 1 else 's'}"]
+    if tokens:
+        parts.append(f"{tokens:,} tokens")
+    if cost:
+        parts.append(f"${cost:.4f}")
+    return "· " + " · ".join(parts)

@@ -1,0 +1,24 @@
+"""Print a conversation's events as they happen, for people or for programs."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from temporalio.client import Client
+
+from console.render import EventRenderer, json_line
+from console.stream import follow
+
+
+async def watch(client: Client, workflow_id: str, *, as_json: bool, from_offset: int = 0) -> None:
+    """Print events from ``from_offset`` until the workflow completes (or
+    Ctrl-C): rendered, or as one JSON object per line with its ``offset``."""
+    console = Console()
+    renderer = EventRenderer(console)
+    async for offset, event in follow(client, workflow_id, from_offset):
+        if as_json:
+            print(json_line({"offset": offset, **event}), flush=True)
+        else:
+            renderer.render(event)
+    if not as_json:
+        renderer.end_line()
+        console.print("The conversation has ended.", style="dim")

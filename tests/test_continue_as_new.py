@@ -1,0 +1,98 @@
+"""Continue-as-new: a long conversation crosses several workflow runs with
+the same transcript and event sequence as one that never switches, and
+nothing sent during a switch is lost."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio.client import WorkflowExecutionStatus
+
+from tests.support.stack import EventLog, Stack, outline
+from workflows.models import EventAdapter
+
+TURNS = 300
+
+
+def long_script(turns: int) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = [
+        {"tool_calls": [{"id": f"t{i}", "name": "echo", "arguments": {"text": str(i)}}], "chunk_chars": 50}
+        for i in range(turns - 1)
+    ]
+    steps.append({"text": "All turns done."})
+    return steps
+
+
+async def run_conversation(stack: Stack, **settings: Any) -> tuple[list[dict[str, Any]], list[str], int]:
+    stack.model_server.script(stack.model, long_script(TURNS))
+    handle = await stack.start(prompt="count", closeWhenIdle=True, **settings)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("agent_end", timeout=300)
+    log.close()
+    result = await handle.result()
+    transcript = []
+    for message in result.messages:
+        data = message.model_dump()
+        data.pop("timestamp", None)
+        data.pop("model", None)
+        transcript.append(data)
+    offsets = [e["offset"] for e in log.events]
+    assert offsets == list(range(len(offsets))), "the stream skipped or repeated an offset"
+    runs = 0
+    async for execution in stack.client.list_workflows(f"WorkflowId = '{handle.id}'"):
+        runs += 1
+        assert execution.status in (
+            WorkflowExecutionStatus.CONTINUED_AS_NEW,
+            WorkflowExecutionStatus.COMPLETED,
+        )
+    return transcript, outline(log.events, updates=True), runs
+
+
+async def test_long_conversation_is_unchanged_by_continue_as_new(stack: Stack) -> None:
+    # The server suggests continue-as-new by itself in a history this long:
+    # the reference switches rarely, the other one every 40 turns.
+    reference, reference_events, reference_runs = await run_conversation(stack)
+    switched, switched_events, runs = await run_conversation(stack, continueAsNewAfterTurns=40)
+    assert runs >= TURNS // 40 and runs > reference_runs
+    assert len(switched) == 1 + 2 * (TURNS - 1) + 1
+    assert switched == reference
+    assert switched_events == reference_events
+
+
+async def test_messages_sent_during_switches_are_not_lost(stack: Stack) -> None:
+    turns = 60
+    stack.model_server.script(stack.model, long_script(turns) + [{"text": "extra"}] * 30)
+    handle = await stack.start(prompt="count", continueAsNewAfterTurns=5, steeringMode="all")
+    log = EventLog(stack.client, handle.id)
+    sent = []
+    for i in range(20):
+        await asyncio.sleep(0.05)
+        text = f"steer {i}"
+        await handle.signal("steer", text)
+        sent.append(text)
+    await log.wait_until(
+        lambda es: sum(e["type"] == "agent_end" for e in es) >= 1 and (es[-1]["type"] == "agent_end"),
+        timeout=120,
+    )
+    # Everything steered reached the transcript exactly once, in order.
+    for _ in range(100):
+        state = await stack.state(handle)
+        if state.status == "idle" and state.steering_queue == 0:
+            break
+        await asyncio.sleep(0.2)
+    messages = await stack.messages(handle)
+    users = [m.content for m in messages if m.role == "user"]
+    assert users[0] == "count"
+    assert users[1:] == sent
+    log.close()
+    # A subscriber reconnecting at any offset gets the events after it, once.
+    middle = len(log.events) // 2
+    again = EventLog(stack.client, handle.id, from_offset=log.events[middle]["offset"])
+    await again.wait_until(lambda es: len(es) >= len(log.events) - middle, timeout=30)
+    again.close()
+    assert [e["offset"] for e in again.events[: len(log.events) - middle]] == [
+        e["offset"] for e in log.events[middle:]
+    ]
+    await handle.signal("close")
+    EventAdapter.validate_python(log.events[0])

@@ -1,0 +1,286 @@
+"""External payload storage: the filesystem driver, the AGENT_STORAGE settings
+and a 3 MB activity result through a real Temporal dev server."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from aiohttp import web
+from temporalio import activity, workflow
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.common import RetryPolicy
+from temporalio.contrib.aws.s3driver import S3StorageDriver
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import (
+    DataConverter,
+    ExternalStorage,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+)
+from temporalio.worker import Worker
+
+from config import Config, connect
+from storage import (
+    DEFAULT_THRESHOLD_BYTES,
+    FileSystemStorageDriver,
+    StoredPayloadMissing,
+    data_converter_from_env,
+    storage_from_env,
+)
+
+if TYPE_CHECKING:  # local_stack resolves paths at import, which the workflow sandbox refuses
+    from local_stack import DevServer
+
+THRESHOLD = 1024
+BIG = "x" * (10 * THRESHOLD)
+THREE_MB = 3 * 1024 * 1024
+S3_EXTRA_MISSING = importlib.util.find_spec("aioboto3") is None or (
+    importlib.util.find_spec("types_aiobotocore_s3") is None
+)
+needs_s3_extra = pytest.mark.skipif(
+    S3_EXTRA_MISSING, reason="S3 extra missing: pip install 'temporalio[aioboto3]'"
+)
+
+
+def file_converter(root: Path) -> DataConverter:
+    storage = ExternalStorage(drivers=[FileSystemStorageDriver(root)], payload_size_threshold=THRESHOLD)
+    return dataclasses.replace(pydantic_data_converter, external_storage=storage)
+
+
+def stored_files(root: Path) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file()]
+
+
+async def test_large_payload_round_trips_as_a_small_reference(tmp_path: Path) -> None:
+    converter = file_converter(tmp_path)
+
+    [encoded] = await converter.encode([BIG])
+
+    assert encoded.ByteSize() < 400
+    assert len(stored_files(tmp_path)) == 1
+    assert await converter.decode([encoded], [str]) == [BIG]
+
+
+async def test_same_payload_stored_twice_makes_one_file(tmp_path: Path) -> None:
+    converter = file_converter(tmp_path)
+
+    first = await converter.encode([BIG])
+    second = await converter.encode([BIG])
+
+    assert first == second
+    [path] = stored_files(tmp_path)
+    assert path.relative_to(tmp_path).parts[:2] == ("default", path.name[:2])
+
+
+async def test_payload_below_threshold_stays_inline(tmp_path: Path) -> None:
+    converter = file_converter(tmp_path)
+
+    [encoded] = await converter.encode(["small"])
+
+    assert encoded.data == b'"small"'
+    assert stored_files(tmp_path) == []
+
+
+async def test_missing_stored_payload_names_the_file(tmp_path: Path) -> None:
+    converter = file_converter(tmp_path)
+    [encoded] = await converter.encode([BIG])
+    [path] = stored_files(tmp_path)
+    path.unlink()
+
+    with pytest.raises(StoredPayloadMissing, match=f"Stored payload {path} is missing"):
+        await converter.decode([encoded], [str])
+
+
+async def test_reference_with_bad_digest_is_refused(tmp_path: Path) -> None:
+    driver = FileSystemStorageDriver(tmp_path)
+    claim = StorageDriverClaim(claim_data={"namespace": "default", "sha256": "../../etc/passwd"})
+
+    with pytest.raises(ValueError, match="no valid sha256"):
+        await driver.retrieve(StorageDriverRetrieveContext(), [claim])
+
+
+def test_storage_defaults_to_files_under_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AGENT_STORAGE", raising=False)
+    monkeypatch.delenv("AGENT_STORAGE_DIR", raising=False)
+    monkeypatch.delenv("AGENT_STORAGE_THRESHOLD_BYTES", raising=False)
+
+    storage = storage_from_env()
+
+    assert storage is not None
+    [driver] = storage.drivers
+    assert isinstance(driver, FileSystemStorageDriver)
+    assert driver.root == tmp_path.resolve() / ".agent-data" / "payloads"
+    assert storage.payload_size_threshold == DEFAULT_THRESHOLD_BYTES
+
+
+def test_file_storage_reads_dir_and_threshold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AGENT_STORAGE", "file")
+    monkeypatch.setenv("AGENT_STORAGE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", "4096")
+
+    storage = storage_from_env()
+
+    assert storage is not None
+    [driver] = storage.drivers
+    assert isinstance(driver, FileSystemStorageDriver)
+    assert driver.root == tmp_path / "store"
+    assert storage.payload_size_threshold == 4096
+
+
+def test_off_disables_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_STORAGE", "off")
+
+    assert storage_from_env() is None
+    assert data_converter_from_env().external_storage is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("AGENT_STORAGE", "ftp://somewhere", "AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix'"),
+        ("AGENT_STORAGE", "s3://", "names no bucket"),
+        ("AGENT_STORAGE_THRESHOLD_BYTES", "256KiB", "must be a whole number of bytes"),
+        ("AGENT_STORAGE_THRESHOLD_BYTES", "-1", "must be a whole number of bytes"),
+    ],
+)
+def test_bad_setting_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str) -> None:
+    monkeypatch.delenv("AGENT_STORAGE", raising=False)
+    monkeypatch.setenv(name, value)
+
+    with pytest.raises(ValueError, match=message):
+        storage_from_env()
+
+
+@needs_s3_extra
+def test_s3_url_builds_the_sdk_s3_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_STORAGE", "s3://bucket/prefix")
+    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", "1000")
+
+    storage = storage_from_env()
+
+    assert storage is not None
+    [driver] = storage.drivers
+    assert isinstance(driver, S3StorageDriver)
+    assert driver.name() == "aws.s3driver"
+    assert storage.payload_size_threshold == 1000
+
+
+@pytest.fixture
+async def fake_s3() -> AsyncIterator[tuple[str, dict[str, bytes]]]:
+    """A loopback server answering S3's HEAD, PUT and GET object calls; yields its URL and objects."""
+    objects: dict[str, bytes] = {}
+
+    async def handle(request: web.Request) -> web.Response:
+        path = request.path
+        if request.method == "PUT":
+            objects[path] = await request.read()
+            return web.Response()
+        if path not in objects:
+            return web.Response(status=404)
+        return web.Response(body=b"" if request.method == "HEAD" else objects[path])
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield f"http://127.0.0.1:{port}", objects
+    await runner.cleanup()
+
+
+@needs_s3_extra
+async def test_s3_storage_keeps_payloads_under_the_prefix(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    url, objects = fake_s3
+    monkeypatch.setenv("AGENT_STORAGE", "s3://bucket/some/prefix")
+    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(THRESHOLD))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    converter = data_converter_from_env()
+
+    [encoded] = await converter.encode([BIG])
+
+    [key] = objects
+    assert key.startswith("/bucket/some/prefix/v0/d/sha256/")
+    assert encoded.ByteSize() < 400
+    assert await converter.decode([encoded], [str]) == [BIG]
+
+
+@activity.defn(name="make_big_string")
+async def make_big_string(size: int) -> str:
+    return "x" * size
+
+
+@workflow.defn(name="BigResultWorkflow")
+class BigResultWorkflow:
+    """Returns the length of a string an activity made, to move it through history."""
+
+    @workflow.run
+    async def run(self, size: int) -> int:
+        text = await workflow.execute_activity(
+            make_big_string,
+            size,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+        return len(text)
+
+
+async def run_big_result_workflow(dev_server: DevServer) -> WorkflowHandle[BigResultWorkflow, int]:
+    """Run ``BigResultWorkflow`` to completion on its own task queue, with the
+    converter the environment asks for; raises its failure."""
+    client = await connect(Config(address=dev_server.address))
+    task_queue = f"storage-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client, task_queue=task_queue, workflows=[BigResultWorkflow], activities=[make_big_string]
+    ):
+        handle = await client.start_workflow(
+            BigResultWorkflow.run,
+            THREE_MB,
+            id=f"big-result-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+            execution_timeout=timedelta(seconds=20),
+        )
+        await handle.result()
+    return handle
+
+
+async def test_three_megabyte_activity_result_passes_with_storage(
+    dev_server: DevServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AGENT_STORAGE", "file")
+    monkeypatch.setenv("AGENT_STORAGE_DIR", str(tmp_path))
+
+    handle = await run_big_result_workflow(dev_server)
+
+    assert await handle.result() == THREE_MB
+    assert len(stored_files(tmp_path)) == 1
+    history = await handle.fetch_history()
+    [completed] = [e for e in history.events if e.HasField("activity_task_completed_event_attributes")]
+    assert completed.activity_task_completed_event_attributes.result.ByteSize() < 400
+
+
+async def test_three_megabyte_activity_result_fails_without_storage(
+    dev_server: DevServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_STORAGE", "off")
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await run_big_result_workflow(dev_server)
+
+    assert "PayloadsTooLarge" in str(failure.value.cause.__cause__)
