@@ -15,8 +15,8 @@ import activities.builtin_tools  # noqa: F401  (registers the example tools)
 import tests.support.tools  # noqa: F401  (registers the test tools)
 from config import Config
 from scripted_model import ScriptedModelServer
-from worker import build_worker
 from tests.support.guarded_workflow import GuardedAgentWorkflow
+from worker import build_worker
 from workflows.contract import SessionResult
 
 TASK_QUEUE = "agent-hooks"
