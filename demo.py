@@ -1,0 +1,161 @@
+"""The main job: a durable agent conversation in under a minute, no key needed.
+
+    python demo.py
+
+Starts an embedded Temporal dev server (with its UI), the scripted model
+(unless OPENAI_API_KEY is set, then the real model is used) and a worker,
+then runs one conversation that shows the point of the product: parallel
+tool calls, a steering message injected mid-run, a queued follow-up, and
+the worker killed with SIGKILL mid-answer and replaced, the conversation
+finishing as if nothing happened. It ends with the conversation's link in
+the Temporal UI (the servers stay up until Ctrl-C when run in a terminal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from config import Config, connect
+from console.render import EventRenderer
+from console.stream import follow
+from local_stack import DevServer, start_scripted_model, start_worker, stop_process
+
+DATA = Path(".agent-data")
+PROMPT = "Compute 17*23 and 2**10-1 with the calculator, and list the files of this project."
+STEER = "Also tell me which of the two numbers is larger."
+FOLLOW_UP = "Now sum it all up in one sentence."
+
+
+def demo_script() -> list[dict[str, Any]]:
+    """What the scripted model answers, turn by turn."""
+    answer = {
+        "text": "17*23 = 391 and 2**10-1 = 1023, so 1023 is the larger one. The project has "
+        "workflows/, activities/, a worker and a starter: the agent loop runs as a Temporal workflow.",
+        "delay_ms": 45,
+        "chunk_chars": 3,
+    }
+    return [
+        {
+            "reasoning": "Two calculations and a listing: I can run all three tools at once.",
+            "delay_ms": 40,
+            "tool_calls": [
+                {"id": "calc_1", "name": "calculator", "arguments": {"expression": "17*23"}},
+                {"id": "calc_2", "name": "calculator", "arguments": {"expression": "2**10-1"}},
+                {"id": "list_1", "name": "list_files", "arguments": {"path": "."}},
+            ],
+        },
+        answer,
+        answer,  # the worker dies while this streams: the retried call is answered again
+        {
+            "text": "Two numbers computed in parallel, the larger found, and the project listed.",
+            "delay_ms": 30,
+        },
+    ]
+
+
+def script_model(base_url: str, model: str, steps: list[dict[str, Any]]) -> None:
+    control = base_url.removesuffix("/v1")
+    request = urllib.request.Request(
+        f"{control}/_scripts/{model}",
+        data=json.dumps({"steps": steps}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    urllib.request.urlopen(request, timeout=5).read()
+
+
+async def run_demo(console: Console) -> int:
+    DATA.mkdir(exist_ok=True)
+    server = DevServer(db_filename=str(DATA / "demo-temporal.db"), log_path=DATA / "demo-server.log")
+    console.print("[dim]starting the Temporal dev server…[/]")
+    server.start()
+    model_process: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = []
+    env = {"TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-demo"}
+    model = os.environ.get("AGENT_MODEL", "gpt-4o-mini")
+    if not os.environ.get("OPENAI_API_KEY"):
+        model_process, base_url = start_scripted_model(DATA / "demo-model.log")
+        model = f"scripted-demo-{uuid.uuid4().hex[:6]}"
+        script_model(base_url, model, demo_script())
+        env |= {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "offline"}
+        console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
+    try:
+        workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
+        config = Config(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
+        client = await connect(config)
+        workflow_id = f"demo-{uuid.uuid4().hex[:6]}"
+        await client.start_workflow(
+            "AgentWorkflow",
+            {"prompt": PROMPT, "model": model, "closeWhenIdle": True},
+            id=workflow_id,
+            task_queue=config.task_queue,
+        )
+        handle = client.get_workflow_handle(workflow_id)
+        renderer = EventRenderer(console)
+        steered = killed = False
+        assistant_starts = 0
+        async for _offset, event in follow(client, workflow_id):
+            renderer.render(event)
+            kind = event["type"]
+            if kind == "message_update" and not steered:
+                steered = True
+                await handle.signal("steer", STEER)
+                await handle.signal("follow_up", FOLLOW_UP)
+                renderer.end_line()
+                console.print(f"[magenta]» steering sent mid-run:[/] {STEER}")
+                console.print(f"[magenta]» follow-up queued:[/] {FOLLOW_UP}")
+            if kind == "message_start" and event["message"]["role"] == "assistant":
+                assistant_starts += 1
+            if kind == "message_update" and assistant_starts == 2 and steered and not killed:
+                killed = True
+                await asyncio.sleep(0.6)
+                workers[0].send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+                renderer.end_line()
+                console.print("[bold red]✂ worker killed with SIGKILL mid-answer; starting a new one…[/]")
+                workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
+            if kind == "message_retry" and killed:
+                console.print(f"[dim](resumed {time.monotonic() - killed_at:.1f} s after the kill)[/]")
+            if kind == "agent_end":
+                break
+        renderer.end_line()
+        console.print()
+        console.print(f"[bold]See every step in the Temporal UI:[/] {config.workflow_url(workflow_id)}")
+        if sys.stdin.isatty():
+            console.print("[dim]Servers stay up for the UI; press Ctrl-C to stop.[/]")
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass
+        return 0
+    finally:
+        for worker in workers:
+            stop_process(worker)
+        stop_process(model_process)
+        server.stop()
+
+
+def main() -> None:
+    console = Console()
+    try:
+        code = asyncio.run(run_demo(console))
+    except KeyboardInterrupt:
+        code = 0
+    sys.stdout.flush()
+    os._exit(code)  # the SDK can crash at interpreter exit (sdk-python #300)
+
+
+if __name__ == "__main__":
+    main()
