@@ -4,6 +4,7 @@ transcript as an undisturbed run."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import time
@@ -137,3 +138,58 @@ async def start_on(stack: Stack, workers: Workers, prompt: str) -> Any:
         task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
         result_type=SessionResult,
     )
+
+
+async def test_worker_killed_while_idle(stack: Stack, workers: Workers) -> None:
+    first = workers.start()
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow",
+        {"model": stack.model, "prompt": "hello"},
+        id=f"crash-idle-{uuid.uuid4().hex[:6]}",
+        task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
+        result_type=SessionResult,
+    )
+    stack.script({"text": "first answer"}, {"text": "second answer"})
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("agent_end")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    workers.start()
+    await handle.execute_update("prompt", "are you still there?")
+    await log.wait_for_type("agent_end", count=2)
+    log.close()
+    await handle.signal("close")
+    messages = (await handle.result()).messages
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[-1].text == "second answer"
+
+
+async def test_two_workers_share_the_load_and_survive_losing_one(
+    stack: Stack, workers: Workers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = workers.start(), workers.start()
+    conversations = 6
+    for _ in range(conversations):
+        stack.script(
+            {"tool_calls": [{"id": "w", "name": "slow", "arguments": {"seconds": 2, "steps": 2}}]},
+            {"text": "finished"},
+        )
+    handles = [await start_on(stack, workers, f"job {i}") for i in range(conversations)]
+    await asyncio.sleep(1.0)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 90)
+    assert all(r.messages[-1].text == "finished" for r in results)
+    # The conversations were spread over both workers.
+    identities = set()
+    for handle in handles:
+        history = await handle.fetch_history()
+        identities |= {
+            e.activity_task_started_event_attributes.identity
+            for e in history.events
+            if e.HasField("activity_task_started_event_attributes")
+        }
+    assert len(identities) >= 2
+    assert second.poll() is None
+    with capsys.disabled():
+        print(f"\n[crash] {conversations} conversations on two workers, one killed: all finished")

@@ -79,7 +79,6 @@ LLM_RETRY = RetryPolicy(
 TOOL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # Activities heartbeat twice a second; a worker that dies is noticed after this.
 HEARTBEAT_TIMEOUT = timedelta(seconds=3)
-STREAM_BATCH_MS = 100
 # Stream items kept when continuing as new; older offsets read from the
 # oldest item kept.
 STREAM_ITEMS_CARRIED = 2000
@@ -352,7 +351,7 @@ class AgentWorkflow:
             tool_names=list(self._tools),
             messages=self._messages,
             turn=self._total_turns + 1,
-            stream_batch_ms=STREAM_BATCH_MS,
+            stream_batch_ms=self._settings.stream_batch_ms,
         )
         handle = workflow.start_activity(
             LLM_ACTIVITY,
@@ -492,7 +491,7 @@ class AgentWorkflow:
                 TOOL_ACTIVITY,
                 ToolRequest(
                     tool_call=ToolCall(id=call.id, name=call.name, arguments=prepared.args),
-                    stream_batch_ms=STREAM_BATCH_MS,
+                    stream_batch_ms=self._settings.stream_batch_ms,
                 ),
                 result_type=ToolOutcome,
                 activity_id=activity_id,

@@ -41,6 +41,9 @@ class SessionSettings(WireModel):
     max_cost: float | None = Field(default=None, gt=0)
     close_when_idle: bool = False
     continue_as_new_after_turns: int | None = Field(default=None, ge=1)
+    stream_batch_ms: int = Field(default=100, ge=1, le=10_000)
+    """How long activities batch token deltas before publishing them (the
+    first token of a message is always sent at once)."""
 
 
 class SessionInput(SessionSettings):

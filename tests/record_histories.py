@@ -1,0 +1,178 @@
+"""Record the workflow histories that tests/test_replay.py replays.
+
+    python -m tests.record_histories
+
+Runs each scenario on an embedded dev server with an in-process worker and
+the scripted model, and writes its history to tests/histories/NAME.json.
+Record again (and commit) only for a deliberate change of the workflow's
+commands; a change that would break running conversations must instead be
+guarded with ``workflow.patched`` (see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+
+import activities.builtin_tools  # noqa: F401
+import tests.support.tools  # noqa: F401
+from config import Config, connect
+from local_stack import DevServer
+from scripted_model import ScriptedModelServer
+from tests.support.stack import EventLog
+from worker import build_worker
+
+HISTORIES = Path(__file__).resolve().parent / "histories"
+TASK_QUEUE = "record"
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+Scenario = Callable[[Client, ScriptedModelServer, str], Awaitable[WorkflowHandle[Any, Any]]]
+
+
+async def start(client: Client, model: str, **input: Any) -> WorkflowHandle[Any, Any]:
+    return await client.start_workflow(
+        "AgentWorkflow", {"model": model, **input}, id=f"rec-{uuid.uuid4().hex[:8]}", task_queue=TASK_QUEUE
+    )
+
+
+async def tools(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("a", "echo", text="1", delay=0.3),
+                    call("b", "calculator", expression="2+2"),
+                ]
+            },
+            {"tool_calls": [call("c", "sequential_echo", text="s"), call("d", "no_such_tool")]},
+            {"tool_calls": [call("e", "explode"), call("f", "calculator", bad=1)]},
+            {"text": "done", "reasoning": "all tools ran"},
+        ],
+    )
+    handle = await start(client, model, prompt="use tools", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
+async def steering_and_follow_up(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    server.script(
+        model, [{"tool_calls": [call("s", "slow", seconds=1.0)]}, {"text": "steered"}, {"text": "followed"}]
+    )
+    handle = await start(client, model, prompt="work", closeWhenIdle=True)
+    log = EventLog(client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_start" for e in es))
+    await handle.signal("steer", "steer now")
+    await handle.signal("follow_up", "then this")
+    await handle.result()
+    log.close()
+    return handle
+
+
+async def abort_and_prompt(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    server.script(
+        model,
+        [
+            {"tool_calls": [call("r", "slow", seconds=10)]},
+            {"text": "long " * 100, "delay_ms": 30},
+            {"text": "ok"},
+        ],
+    )
+    handle = await start(client, model, prompt="start")
+    log = EventLog(client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_update" for e in es))
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    await handle.execute_update("prompt", "again")
+    await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 5)
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end", count=2)
+    await handle.signal("steer", "idle steer starts a run")
+    await log.wait_for_type("agent_end", count=3)
+    await handle.signal("close")
+    await handle.result()
+    log.close()
+    return handle
+
+
+async def errors(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    server.script(
+        model,
+        [
+            {"fault": {"kind": "status", "status": 429, "retry_after": 1}},
+            {"tool_calls": [call("l", "echo", text="x")], "finish_reason": "length"},
+            {"fault": {"kind": "status", "status": 400, "message": "bad request"}},
+        ],
+    )
+    handle = await start(client, model, prompt="fail", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
+async def continue_as_new(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    steps: list[dict[str, Any]] = [{"tool_calls": [call(f"t{i}", "echo", text=str(i))]} for i in range(7)]
+    server.script(model, [*steps, {"text": "done"}])
+    handle = await start(client, model, prompt="count", closeWhenIdle=True, continueAsNewAfterTurns=3)
+    await handle.result()
+    return client.get_workflow_handle(handle.id)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "tools": tools,
+    "steering_and_follow_up": steering_and_follow_up,
+    "abort_and_prompt": abort_and_prompt,
+    "errors": errors,
+    "continue_as_new": continue_as_new,
+}
+
+
+async def record() -> None:
+    server = DevServer().start()
+    model_server = ScriptedModelServer().start()
+    os.environ.update(
+        OPENAI_BASE_URL=model_server.base_url, OPENAI_API_KEY="recording", AGENT_MODEL="scripted"
+    )
+    try:
+        config = Config(address=server.address, task_queue=TASK_QUEUE)
+        client = await connect(config)
+        async with build_worker(client, config):
+            for name, scenario in SCENARIOS.items():
+                handle = await scenario(client, model_server, f"rec-{name}")
+                if name == "continue_as_new":
+                    # Every run of the chain: each is replayed on its own.
+                    runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
+                    for index, run in enumerate(sorted(runs, key=lambda r: r.start_time)):
+                        history = await client.get_workflow_handle(
+                            handle.id, run_id=run.run_id
+                        ).fetch_history()
+                        (HISTORIES / f"{name}_{index}.json").write_text(history.to_json())
+                else:
+                    history = await handle.fetch_history()
+                    (HISTORIES / f"{name}.json").write_text(history.to_json())
+                print(f"recorded {name}")
+    finally:
+        model_server.stop()
+        server.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(record())
+    sys.stdout.flush()
+    os._exit(0)
