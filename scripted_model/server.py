@@ -422,7 +422,7 @@ async def reset(request: web.Request) -> web.Response:
 
 def create_app(store: ScriptStore | None = None) -> web.Application:
     """The aiohttp application; pass a store to share it with in-process callers."""
-    app = web.Application()
+    app = web.Application(client_max_size=256 * 1024 * 1024)  # long contexts, as real servers take
     app[STORE_KEY] = store or ScriptStore()
     app[_COUNTER_KEY] = itertools.count(1)
     app.router.add_post("/v1/chat/completions", chat_completions)

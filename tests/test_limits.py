@@ -1,0 +1,110 @@
+"""Durability at the limits: a dev server restart mid-run, a transcript
+above Temporal's 2 MB payload limit, and tool output above the cap."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config import Config, connect
+from local_stack import DevServer, free_port, start_worker, stop_process
+from scripted_model import ScriptedModelServer
+from tests.support.stack import EventLog, Stack
+from workflows.contract import SessionResult
+
+
+async def test_dev_server_restart_during_a_run(
+    model_server: ScriptedModelServer,
+    worker_env: dict[str, str],
+    artifacts: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = DevServer(
+        port=free_port(),
+        ui_port=free_port(),
+        db_filename=str(tmp_path / "temporal.db"),
+        log_path=artifacts / "restart-server.log",
+    ).start()
+    env = {**worker_env, "TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-restart"}
+    worker = start_worker(env, ["tests.support.tools"], artifacts / "restart-worker.log")
+    model = f"restart-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model,
+        [
+            {"tool_calls": [{"id": "r1", "name": "slow", "arguments": {"seconds": 4, "steps": 4}}]},
+            {"text": "survived the restart"},
+        ],
+    )
+    try:
+        client = await connect(Config(address=server.address))
+        handle = await client.start_workflow(
+            "AgentWorkflow",
+            {"model": model, "prompt": "work", "closeWhenIdle": True},
+            id=f"restart-{uuid.uuid4().hex[:6]}",
+            task_queue="agent-restart",
+            result_type=SessionResult,
+        )
+        log = EventLog(client, handle.id)
+        await log.wait_until(lambda es: any(e["type"] == "tool_execution_update" for e in es))
+        log.close()
+        stopped_at = time.monotonic()
+        server.stop()  # SIGTERM: the file-backed server shuts down cleanly
+        server.start()
+        restarted_after = time.monotonic() - stopped_at
+        client = await connect(Config(address=server.address))
+        handle = client.get_workflow_handle(handle.id, result_type=SessionResult)
+        result = await handle.result()
+        finished_after = time.monotonic() - stopped_at
+        assert [m.role for m in result.messages] == ["user", "assistant", "toolResult", "assistant"]
+        assert result.messages[-1].text == "survived the restart"
+        with capsys.disabled():
+            print(
+                f"\n[restart] dev server back after {restarted_after:.1f} s; "
+                f"conversation finished {finished_after:.1f} s after the SIGTERM"
+            )
+    finally:
+        stop_process(worker)
+        server.stop()
+
+
+async def test_transcript_above_two_megabytes_runs_several_turns(stack: Stack) -> None:
+    prior: list[dict[str, Any]] = []
+    for i in range(30):
+        prior.append({"role": "user", "content": f"chapter {i}: " + "lorem ipsum " * 7000, "timestamp": 1})
+        prior.append(
+            {"role": "assistant", "content": [{"type": "text", "text": f"noted {i}"}], "timestamp": 1}
+        )
+    stack.script(
+        {"tool_calls": [{"id": "big1", "name": "calculator", "arguments": {"expression": "1+1"}}]},
+        {"tool_calls": [{"id": "big2", "name": "echo", "arguments": {"text": "again"}}]},
+        {"text": "still here"},
+    )
+    handle = await stack.start(messages=prior, prompt="summarise", closeWhenIdle=True)
+    result = await handle.result()
+    assert len(result.messages) == len(prior) + 6
+    assert result.messages[-1].text == "still here"
+    size = sum(len(m.model_dump_json()) for m in result.messages)
+    assert size > 2_500_000
+    # Every model call got the whole transcript.
+    assert all(len(r["messages"]) >= len(prior) for r in stack.requests())
+    history = await handle.fetch_history()
+    assert len(history.to_json()) < 2_000_000
+
+
+async def test_tool_output_above_the_cap_is_cut_with_a_note(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [{"id": "cap1", "name": "echo", "arguments": {"text": "x" * 60_000}}]},
+        {"text": "ok"},
+    )
+    handle = await stack.start(prompt="shout", closeWhenIdle=True)
+    result = await handle.result()
+    tool_result = result.messages[2]
+    text = tool_result.content[0].text
+    assert len(text) < 51_000 and "[Output truncated: 60006 characters" in text
+    full = Path(tool_result.details["fullOutputPath"]).read_text()
+    assert full == "echo: " + "x" * 60_000
