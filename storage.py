@@ -166,6 +166,12 @@ class _PrefixedS3Client(S3StorageDriverClient):
 
 def _s3_driver(url: str) -> S3StorageDriver:
     """The SDK's S3 driver for ``s3://bucket/prefix`` (endpoint and region from AWS_* variables)."""
+    client, bucket = s3_client(url)
+    return S3StorageDriver(client=client, bucket=bucket)
+
+
+def s3_client(url: str) -> tuple[S3StorageDriverClient, str]:
+    """An S3 client keeping keys under the prefix of ``s3://bucket/prefix``, and the bucket."""
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     if not bucket:
         raise ValueError(f"AGENT_STORAGE={url!r} names no bucket; use s3://bucket or s3://bucket/prefix.")
@@ -187,7 +193,7 @@ def _s3_driver(url: str) -> S3StorageDriver:
         new_aioboto3_client,
         prefix.strip("/"),
     )
-    return S3StorageDriver(client=client, bucket=bucket)
+    return client, bucket
 
 
 def _threshold_from_env() -> int:

@@ -23,6 +23,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import activities.builtin_tools  # noqa: F401  (registers the example tools)
+from activities.context_store import ContextStore, blob_store_from_env
 from activities.llm import LlmActivities
 from activities.session import session_defaults
 from activities.tool_runner import execute_tool
@@ -59,7 +60,9 @@ def build_worker(
     second (not the default ten), and heartbeats reach the server at least
     once a second, so an abort or a dead worker is noticed quickly.
     """
-    llm = llm or LlmActivities()
+    if llm is None:
+        blobs = blob_store_from_env()
+        llm = LlmActivities(context_store=ContextStore(blobs) if blobs else None)
     return Worker(
         client,
         task_queue=config.task_queue,

@@ -26,6 +26,7 @@ import openai
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.context_store import ContextMissing, ContextStore
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
 from activities.openai_chat import (
@@ -59,10 +60,12 @@ class LlmActivities:
         transform_context: ContextTransform | None = None,
         convert_to_llm: LlmConverter | None = None,
         read_timeout: float | None = None,
+        context_store: ContextStore | None = None,
     ) -> None:
         self._transform_context = transform_context
         self._convert_to_llm = convert_to_llm or default_convert_to_llm
         self._read_timeout = read_timeout or float(os.environ.get("AGENT_LLM_READ_TIMEOUT", "60"))
+        self._context = context_store
         self._client: openai.AsyncOpenAI | None = None
         self._client_key: tuple[str | None, str] | None = None
 
@@ -92,7 +95,8 @@ class LlmActivities:
     async def stream_assistant_response(self, request: LlmRequest) -> LlmResult:
         info = activity.info()
         client = self._openai_client()
-        params = await self._request_params(request)
+        digests, context = await self._context_of(request)
+        params = await self._request_params(request, context)
         assembler = StreamAssembler(request.model)
         async with ActivityEventPublisher(request.stream_batch_ms) as events, heartbeating():
             if info.attempt > 1:
@@ -109,10 +113,40 @@ class LlmActivities:
                 raise _classify(err) from err
             for event in closing:
                 events.publish(MessageUpdateEvent(assistant_message_event=event))
-        return LlmResult(message=message, streamed=assembler.started, argument_errors=argument_errors)
+        context_ref = None
+        if self._context is not None:
+            context_ref = await self._context.save(digests, [*request.messages, message])
+        return LlmResult(
+            message=message,
+            streamed=assembler.started,
+            context_ref=context_ref,
+            argument_errors=argument_errors,
+        )
 
-    async def _request_params(self, request: LlmRequest) -> dict[str, Any]:
-        messages: list[AgentMessage] = list(request.messages)
+    async def _context_of(self, request: LlmRequest) -> tuple[list[str], list[AgentMessage]]:
+        """The digests of the stored part of the context, and the whole context."""
+        if request.context_ref is None:
+            return [], list(request.messages)
+        if self._context is None:
+            raise ApplicationError(
+                "This worker has no context store (AGENT_STORAGE=off): it cannot read stored context.",
+                type="ContextMissing",
+                non_retryable=True,
+            )
+        try:
+            digests, stored = await self._context.load(request.context_ref)
+        except ContextMissing as err:
+            raise ApplicationError(str(err), type="ContextMissing", non_retryable=True) from None
+        if len(stored) != request.context_length:
+            raise ApplicationError(
+                f"Stored context has {len(stored)} messages, expected {request.context_length}.",
+                type="ContextMissing",
+                non_retryable=True,
+            )
+        return digests, [*stored, *request.messages]
+
+    async def _request_params(self, request: LlmRequest, context: list[AgentMessage]) -> dict[str, Any]:
+        messages: list[AgentMessage] = list(context)
         if self._transform_context is not None:
             messages = await _maybe_await(self._transform_context(messages))
         messages = await _maybe_await(self._convert_to_llm(messages))

@@ -138,6 +138,8 @@ class AgentWorkflow:
         self._runs = carry.runs
         self._continued_runs = carry.continued_runs
         self._run: RunState | None = carry.run
+        self._context_ref = carry.context_ref
+        self._context_length = carry.context_length
         self._requested: _RunRequest | None = None
         self._abort_requested = False
         self._closing = False
@@ -344,30 +346,9 @@ class AgentWorkflow:
             self._emit(MessageStartEvent(message=message))
             self._add_message(message, announce=False)
             return message
-        request = LlmRequest(
-            model=self._model,
-            system_prompt=self._settings.system_prompt,
-            thinking_level=self._settings.thinking_level,
-            tool_names=list(self._tools),
-            messages=self._messages,
-            turn=self._total_turns + 1,
-            stream_batch_ms=self._settings.stream_batch_ms,
-        )
-        handle = workflow.start_activity(
-            LLM_ACTIVITY,
-            request,
-            result_type=LlmResult,
-            start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=HEARTBEAT_TIMEOUT,
-            retry_policy=LLM_RETRY,
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            summary=f"llm: {self._model} turn {request.turn}",
-        )
-        self._llm_handle = handle
-        self._update_details()
         self._argument_errors = {}
         try:
-            result = await handle
+            result = await self._call_model()
             message, streamed = result.message, result.streamed
             self._argument_errors = result.argument_errors
         except ActivityError as err:
@@ -376,6 +357,7 @@ class AgentWorkflow:
             else:
                 message = self._assistant_message("error", _failure_text(err))
             streamed = False
+            result = None
         finally:
             self._llm_handle = None
         if message.stop_reason == "error":
@@ -384,7 +366,47 @@ class AgentWorkflow:
             self._emit(MessageStartEvent(message=message))
         self._usage = self._usage.plus(message.usage)
         self._add_message(message, announce=False)
+        if result is not None and result.context_ref is not None:
+            self._context_ref, self._context_length = result.context_ref, len(self._messages)
         return message
+
+    async def _call_model(self) -> LlmResult:
+        """One ``stream_assistant_response`` activity. The context goes as
+        the stored manifest plus the messages added since (constant history
+        per turn); if the store lost it, once more with everything inline."""
+        for inline in (self._context_ref is None, True):
+            start = 0 if inline else self._context_length
+            request = LlmRequest(
+                model=self._model,
+                system_prompt=self._settings.system_prompt,
+                thinking_level=self._settings.thinking_level,
+                tool_names=list(self._tools),
+                messages=self._messages[start:],
+                context_ref=None if inline else self._context_ref,
+                context_length=start,
+                turn=self._total_turns + 1,
+                stream_batch_ms=self._settings.stream_batch_ms,
+            )
+            self._llm_handle = workflow.start_activity(
+                LLM_ACTIVITY,
+                request,
+                result_type=LlmResult,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=LLM_RETRY,
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"llm: {self._model} turn {request.turn}",
+            )
+            self._update_details()
+            try:
+                return await self._llm_handle
+            except ActivityError as err:
+                missing = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextMissing"
+                if inline or not missing or self._abort_requested:
+                    raise
+                workflow.logger.warning("Stored context is missing; sending it inline: %s", err.cause)
+                self._context_ref, self._context_length = None, 0
+        raise AssertionError("unreachable")
 
     def _assistant_message(self, stop_reason: str, error: str) -> AssistantMessage:
         return AssistantMessage.model_validate(
@@ -647,6 +669,8 @@ class AgentWorkflow:
             usage=self._usage,
             runs=self._runs,
             run=self._run,
+            context_ref=self._context_ref,
+            context_length=self._context_length,
             stream=self._stream.get_state(),
             continued_runs=self._continued_runs + 1,
         )

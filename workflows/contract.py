@@ -73,6 +73,8 @@ class SessionCarry(WireModel):
     usage: Usage = Field(default_factory=Usage)
     runs: int = 0
     run: RunState | None = None
+    context_ref: str | None = None
+    context_length: int = 0
     stream: WorkflowStreamState | None = None
     continued_runs: int = 0
 
@@ -126,6 +128,10 @@ class LlmRequest(WireModel):
     thinking_level: ThinkingLevel = "off"
     tool_names: list[str] = Field(default_factory=list)
     messages: list[AgentMessage]
+    """The messages after ``context_ref`` (all of them when it is None)."""
+    context_ref: str | None = None
+    """Digest of a stored manifest naming the first ``context_length`` messages."""
+    context_length: int = 0
     turn: int
     stream_batch_ms: int = 100
 
@@ -136,6 +142,8 @@ class LlmResult(WireModel):
 
     message: AssistantMessage
     streamed: bool
+    context_ref: str | None = None
+    """Manifest of the whole context including ``message`` (None: not stored)."""
     argument_errors: dict[str, str] = Field(default_factory=dict)
     """Tool call id -> JSON parse error, for calls whose arguments were not valid JSON."""
 
