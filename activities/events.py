@@ -2,8 +2,14 @@
 
 The workflow publishes the lifecycle events itself; activities add what only
 they see (token deltas, tool progress). Both land on the same ``events``
-topic, so a subscriber reads one ordered stream: an activity flushes before
-it returns, so its events precede the workflow's reaction to its result.
+topic as one ordered stream.
+
+Cost scales with batches, not tokens: within a batch, consecutive deltas of
+the same content block are merged into one delta, and whatever is still
+unsent when the activity ends is returned with its result (``tail``) for the
+workflow to publish, so a fast answer costs no signal at all. The first
+token of a message is sent after ``FIRST_FLUSH_MS`` so that it reaches the
+screen quickly.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
 from types import TracebackType
+from typing import Any
 
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError
@@ -21,24 +27,30 @@ from workflows.models import EVENTS_TOPIC, WireModel
 
 logger = logging.getLogger(__name__)
 
+FIRST_FLUSH_MS = 10
+_MERGEABLE = {"text_delta", "thinking_delta", "toolcall_delta"}
+
 
 class ActivityEventPublisher:
     """Batches events to the parent workflow's ``events`` topic.
 
-    Use as ``async with ActivityEventPublisher(batch_ms) as events:``; leaving
-    the block flushes everything published. The flush loop is ours rather
-    than the stream client's background flusher: on Python 3.11 cancelling
-    that flusher can stall in ``asyncio.wait_for`` for seconds, long enough
-    to miss heartbeats. Ours is stopped by a flag, never cancelled.
+    Use as ``async with ActivityEventPublisher(batch_ms) as events:``; after
+    the block, ``tail`` holds the events not sent yet, in order. The flush
+    loop is ours rather than the stream client's background flusher: on
+    Python 3.11 cancelling that flusher can stall in ``asyncio.wait_for`` for
+    seconds, long enough to miss heartbeats. Ours is stopped by a flag.
     """
 
     def __init__(self, batch_ms: int) -> None:
         self._client = WorkflowStreamClient.from_within_activity()
         self._topic = self._client.topic(EVENTS_TOPIC)
-        self._interval = timedelta(milliseconds=max(batch_ms, 1)).total_seconds()
+        self._interval = max(batch_ms, 1) / 1000
+        self._buffer: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
+        self._urgent = False
         self._closing = False
         self._loop_task: asyncio.Task[None] | None = None
+        self.tail: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> ActivityEventPublisher:
         self._loop_task = asyncio.create_task(self._flush_loop())
@@ -53,23 +65,50 @@ class ActivityEventPublisher:
         self._closing = True
         self._wake.set()
         if self._loop_task is not None:
-            await self._loop_task
-        await self._client.flush()
+            await self._loop_task  # lets a batch being sent arrive first
+        self.tail, self._buffer = self._buffer, []
 
     def publish(self, event: WireModel, *, flush: bool = False) -> None:
-        """Buffer ``event``; ``flush`` sends the batch now (first token, progress)."""
-        self._topic.publish(event)
+        """Buffer ``event``; ``flush`` sends the batch soon (first token, progress)."""
+        _append_merged(self._buffer, event.model_dump(mode="json"))
         if flush:
+            self._urgent = True
             self._wake.set()
 
     async def _flush_loop(self) -> None:
         while not self._closing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
-            self._wake.clear()
             if self._closing:
                 return
-            try:
-                await self._client.flush()
-            except RPCError as err:  # kept pending by the client; retried next round
-                logger.warning("Publishing events failed, will retry: %s", err)
+            if self._urgent:
+                # A moment for the rest of a fast answer to join the first token.
+                await asyncio.sleep(FIRST_FLUSH_MS / 1000)
+                if self._closing:
+                    return
+            self._wake.clear()
+            self._urgent = False
+            await self._send()
+
+    async def _send(self) -> None:
+        batch, self._buffer = self._buffer, []
+        for event in batch:
+            self._topic.publish(event)
+        try:
+            await self._client.flush()
+        except RPCError as err:  # kept pending by the client; retried next round
+            logger.warning("Publishing events failed, will retry: %s", err)
+
+
+def _append_merged(buffer: list[dict[str, Any]], event: dict[str, Any]) -> None:
+    """Append ``event``, merging a delta into the previous one of the same block."""
+    if event.get("type") == "message_update" and buffer and buffer[-1].get("type") == "message_update":
+        new, last = event["assistantMessageEvent"], buffer[-1]["assistantMessageEvent"]
+        if (
+            new.get("type") in _MERGEABLE
+            and new.get("type") == last.get("type")
+            and new.get("contentIndex") == last.get("contentIndex")
+        ):
+            last["delta"] = last.get("delta", "") + new.get("delta", "")
+            return
+    buffer.append(event)

@@ -121,6 +121,7 @@ class LlmActivities:
             streamed=assembler.started,
             context_ref=context_ref,
             argument_errors=argument_errors,
+            events=events.tail,
         )
 
     async def _context_of(self, request: LlmRequest) -> tuple[list[str], list[AgentMessage]]:

@@ -57,14 +57,16 @@ async def execute_tool(request: ToolRequest) -> ToolOutcome:
             )
         )
         try:
-            returned = await spec.function(args)
+            outcome = cap_output(
+                _as_outcome(await spec.function(args)), f"{info.workflow_id}/{info.activity_id}"
+            )
         except asyncio.CancelledError:
             raise
         except Exception as err:  # the model sees the failure as an error result
-            return _error(str(err) or type(err).__name__)
+            outcome = _error(str(err) or type(err).__name__)
         finally:
             _current.reset(token)
-    return cap_output(_as_outcome(returned), f"{info.workflow_id}/{info.activity_id}")
+    return outcome.model_copy(update={"events": events.tail})
 
 
 def _as_outcome(returned: Any) -> ToolOutcome:

@@ -57,6 +57,7 @@ class ScriptStore:
         self._lock = threading.Lock()
         self._steps: defaultdict[str, deque[ScriptStep]] = defaultdict(deque)
         self._requests: defaultdict[str, list[JSON]] = defaultdict(list)
+        self._first_tokens: defaultdict[str, list[float]] = defaultdict(list)
 
     def append(self, model: str, steps: Iterable[ScriptStep | JSON]) -> int:
         """Queue steps for `model`; returns how many are now pending."""
@@ -86,6 +87,16 @@ class ScriptStore:
         with self._lock:
             self._requests[model].append(copy.deepcopy(body))
 
+    def record_first_token(self, model: str, at: float) -> None:
+        """Remember when the first content chunk of a response for `model` was sent (unix time)."""
+        with self._lock:
+            self._first_tokens[model].append(at)
+
+    def first_tokens(self, model: str) -> list[float]:
+        """Unix times at which responses for `model` sent their first content chunk."""
+        with self._lock:
+            return list(self._first_tokens.get(model, []))
+
     def requests(self, model: str) -> list[JSON]:
         """Copies of the request bodies received for `model`, oldest first."""
         with self._lock:
@@ -101,6 +112,7 @@ class ScriptStore:
         with self._lock:
             self._steps.clear()
             self._requests.clear()
+            self._first_tokens.clear()
 
     def models(self) -> list[str]:
         """The demo model plus every model that has been scripted or called."""
@@ -311,6 +323,11 @@ async def _stream(
     fault = step.fault
     split = fault.after_chunks if isinstance(fault, StallFault | DropFault | MalformedFault) else len(timed)
     try:
+        if fault is None and len(timed) > 2:
+            # Note when the first token leaves (benchmarks measure time to screen).
+            await _write_chunks(response, timed[:2])
+            request.app[STORE_KEY].record_first_token(body["model"], time.time())
+            timed, split = timed[2:], split - 2
         await _write_chunks(response, timed[:split])
         if isinstance(fault, MalformedFault):
             await response.write(_MALFORMED_EVENT)

@@ -360,6 +360,8 @@ class AgentWorkflow:
             result = None
         finally:
             self._llm_handle = None
+        if result is not None:
+            self._publish_activity_events(result.events)
         if message.stop_reason == "error":
             self._error_message = message.error_message
         if not streamed:
@@ -526,6 +528,8 @@ class AgentWorkflow:
             self._update_details()
             try:
                 outcome = await handle
+                self._publish_activity_events(outcome.events)
+                outcome = outcome.model_copy(update={"events": []})
             except (ActivityError, asyncio.CancelledError) as err:
                 if not self._abort_requested and isinstance(err, asyncio.CancelledError):
                     raise
@@ -608,6 +612,12 @@ class AgentWorkflow:
 
     def _emit(self, event: WireModel) -> None:
         self._events.publish(event)
+
+    def _publish_activity_events(self, events: list[dict[str, Any]]) -> None:
+        """Events an activity returned instead of sending (its unsent tail):
+        they go on the stream before the workflow's reaction to the result."""
+        for event in events:
+            self._events.publish(event)
 
     def _add_message(self, message: AgentMessage, *, announce: bool = True) -> None:
         """Append to the transcript; ``announce`` emits ``message_start`` too

@@ -144,6 +144,8 @@ class LlmResult(WireModel):
     streamed: bool
     context_ref: str | None = None
     """Manifest of the whole context including ``message`` (None: not stored)."""
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    """Stream events the activity did not send itself; the workflow publishes them."""
     argument_errors: dict[str, str] = Field(default_factory=dict)
     """Tool call id -> JSON parse error, for calls whose arguments were not valid JSON."""
 
@@ -162,6 +164,9 @@ class ToolOutcome(WireModel):
     details: Any = None
     is_error: bool = False
     terminate: bool = False
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    """Stream events the tool activity did not send itself (progress); the
+    workflow publishes them. Not part of the result the model or hooks see."""
 
     @field_validator("details", mode="before")
     @classmethod

@@ -1,0 +1,359 @@
+"""Benchmark: the durable agent against an in-process loop, side by side.
+
+    .venv/bin/python -m bench.run [--runs 3] [--concurrency 100]
+
+Both talk to the scripted OpenAI-compatible server (zero model latency)
+with the same ``openai`` client and the same tools. Scenario: one prompt,
+then K rounds in which the model asks for two parallel tool calls, then a
+streamed final answer of ~200 tokens; K = 5 and K = 20, interleaved runs,
+medians. The durable agent runs on a local dev server with one worker
+process and a subscriber reading the ``events`` topic, as a UI would.
+Prints a table, then a JSON summary. Ratios are the figures to read:
+absolute times are noise on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+from temporalio.client import Client
+
+import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
+from activities.openai_chat import StreamAssembler, to_openai_messages
+from activities.tools import registered_tools
+from config import Config, connect
+from console.stream import follow
+from local_stack import DevServer, start_worker, stop_process
+from scripted_model import ScriptedModelServer
+from workflows.contract import SessionResult
+from workflows.models import AgentMessage, TextContent, ToolResultMessage, UserMessage
+
+DATA = Path(".agent-data/bench")
+TASK_QUEUE = "bench"
+ANSWER = "The durable agent streamed this answer token by token. " * 15  # ~200 tokens of 4 chars
+
+
+def scenario(rounds: int, first_delay_ms: int = 0) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = [
+        {
+            "tool_calls": [
+                {"id": f"r{i}a", "name": "calculator", "arguments": {"expression": f"{i}*7"}},
+                {"id": f"r{i}b", "name": "calculator", "arguments": {"expression": f"{i}+7"}},
+            ],
+            "first_delay_ms": first_delay_ms,
+        }
+        for i in range(rounds)
+    ]
+    steps.append({"text": ANSWER, "chunk_chars": 4, "first_delay_ms": first_delay_ms})
+    return steps
+
+
+# --- the in-process baseline -----------------------------------------------------------
+
+
+async def baseline_conversation(client: openai.AsyncOpenAI, model: str) -> int:
+    """A plain asyncio agent loop: stream, run the tool calls concurrently, repeat."""
+    tools = registered_tools()
+    schemas = [spec.openai_tool() for spec in tools.values()]
+    messages: list[AgentMessage] = [UserMessage(content="run the scenario")]
+    turns = 0
+    while True:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=to_openai_messages(None, messages),  # type: ignore[arg-type]
+            tools=schemas,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assembler = StreamAssembler(model)
+        async for chunk in stream:
+            assembler.feed(chunk)
+        message, _, _ = assembler.finish()
+        messages.append(message)
+        turns += 1
+        if not message.tool_calls:
+            return turns
+
+        async def run(call: Any) -> ToolResultMessage:
+            spec = tools[call.name]
+            output = await spec.function(spec.args_model.model_validate(call.arguments))
+            return ToolResultMessage(
+                tool_call_id=call.id, tool_name=call.name, content=[TextContent(text=str(output))]
+            )
+
+        messages += await asyncio.gather(*(run(c) for c in message.tool_calls))
+
+
+# --- the durable agent ---------------------------------------------------------------------
+
+
+@dataclass
+class DurableRun:
+    seconds: float
+    turns: int
+    history_events: int
+    history_bytes: int
+    first_token_ms: list[float] = field(default_factory=list)
+
+
+async def durable_conversation(client: Client, server: ScriptedModelServer, model: str) -> DurableRun:
+    workflow_id = f"bench-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "run the scenario", "closeWhenIdle": True},
+        id=workflow_id,
+        task_queue=TASK_QUEUE,
+        result_type=SessionResult,
+    )
+    seen_first: list[float] = []
+    streaming = False
+    async for _offset, event in follow(client, workflow_id):
+        kind = event["type"]
+        if kind == "message_start" and event["message"]["role"] == "assistant":
+            streaming = True
+        elif kind == "message_update" and streaming:
+            seen_first.append(time.time())
+            streaming = False
+        elif kind == "agent_end":
+            break
+    elapsed = time.monotonic() - started
+    result = await handle.result()
+    history = await handle.fetch_history()
+    sent = server.store.first_tokens(model)
+    latencies = [(seen - sent_at) * 1000 for seen, sent_at in zip(seen_first, sent, strict=False)]
+    return DurableRun(
+        seconds=elapsed,
+        turns=sum(1 for m in result.messages if m.role == "assistant"),
+        history_events=len(history.events),
+        history_bytes=sum(e.ByteSize() for e in history.events),
+        first_token_ms=latencies,
+    )
+
+
+# --- the measurements -------------------------------------------------------------------------
+
+
+async def compare(client: Client, server: ScriptedModelServer, runs: int) -> dict[str, Any]:
+    llm = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
+    out: dict[str, Any] = {}
+    samples: dict[int, dict[str, list[Any]]] = {k: {"baseline": [], "durable": []} for k in (5, 20)}
+    for _ in range(runs):
+        for rounds in (5, 20):  # interleaved, so drift hits both sides alike
+            model = f"base-{uuid.uuid4().hex[:6]}"
+            server.script(model, scenario(rounds))
+            t = time.monotonic()
+            turns = await baseline_conversation(llm, model)
+            samples[rounds]["baseline"].append((time.monotonic() - t) * 1000 / turns)
+            model = f"dur-{uuid.uuid4().hex[:6]}"
+            server.script(model, scenario(rounds))
+            samples[rounds]["durable"].append(await durable_conversation(client, server, model))
+    for rounds, sample in samples.items():
+        durable: list[DurableRun] = sample["durable"]
+        base_ms = statistics.median(sample["baseline"])
+        dur_ms = statistics.median(r.seconds * 1000 / r.turns for r in durable)
+        turns = durable[0].turns
+        out[f"K={rounds}"] = {
+            "turns": turns,
+            "baseline_ms_per_turn": round(base_ms, 2),
+            "durable_ms_per_turn": round(dur_ms, 2),
+            "ratio": round(dur_ms / base_ms, 2),
+            "history_events_per_turn": round(statistics.median(r.history_events for r in durable) / turns, 1),
+            "history_bytes_per_turn": round(statistics.median(r.history_bytes for r in durable) / turns),
+            "history_bytes": statistics.median(r.history_bytes for r in durable),
+            "first_token_ms": [round(x, 1) for r in durable for x in r.first_token_ms],
+        }
+    out["history_bytes_growth_K5_to_K20"] = round(
+        out["K=20"]["history_bytes"] / out["K=5"]["history_bytes"], 2
+    )
+    return out
+
+
+async def first_token_latency(client: Client, server: ScriptedModelServer) -> dict[str, float]:
+    """The model waits 300 ms before its first token, so the stream is idle
+    when it comes (the realistic case); time from send to subscriber."""
+    latencies: list[float] = []
+    for _ in range(5):
+        model = f"ftl-{uuid.uuid4().hex[:6]}"
+        server.script(model, scenario(1, first_delay_ms=300))
+        latencies += (await durable_conversation(client, server, model)).first_token_ms
+    return {
+        "median_ms": round(statistics.median(latencies), 1),
+        "max_ms": round(max(latencies), 1),
+        "samples": len(latencies),
+    }
+
+
+async def kill_to_resume(client: Client, server: ScriptedModelServer, env: dict[str, str]) -> float:
+    """SIGKILL the worker streaming an answer; seconds until the retried
+    call is on the stream again (a second worker is already running)."""
+    victim = start_worker(env, log_path=DATA / "worker-victim.log")
+    model = f"kill-{uuid.uuid4().hex[:6]}"
+    slow = {"text": ANSWER, "chunk_chars": 4, "delay_ms": 20}
+    server.script(model, [slow, slow])
+    workflow_id = f"kill-{uuid.uuid4().hex[:6]}"
+    await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go", "closeWhenIdle": True},
+        id=workflow_id,
+        task_queue=TASK_QUEUE,
+    )
+    killed_at = 0.0
+    resumed = 0.0
+    updates = 0
+    async for _offset, event in follow(client, workflow_id):
+        if event["type"] == "message_update":
+            updates += 1
+            if updates == 20 and not killed_at:
+                # Kill whichever worker runs the activity: the victim or the standby.
+                for process in (victim, *WORKERS):
+                    if _runs_activity(process.pid):
+                        process.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+        if event["type"] == "message_retry" and killed_at and not resumed:
+            resumed = time.monotonic() - killed_at
+        if event["type"] == "agent_end":
+            break
+    stop_process(victim)
+    return round(resumed, 2)
+
+
+def _runs_activity(pid: int) -> bool:
+    """Whether a worker holds an open connection to the model server (it is streaming)."""
+    try:
+        return any(
+            "->127.0.0.1" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")
+        )
+    except OSError:
+        return False
+
+
+async def concurrency(client: Client, server: ScriptedModelServer, worker_pid: int, n: int) -> dict[str, Any]:
+    """n conversations at once on one worker, 200 ms of model latency per turn."""
+    rounds = 3
+
+    async def one() -> tuple[bool, float, int]:
+        model = f"conc-{uuid.uuid4().hex[:8]}"
+        server.script(model, scenario(rounds, first_delay_ms=200))
+        started = time.monotonic()
+        try:
+            result = await client.execute_workflow(
+                "AgentWorkflow",
+                {"model": model, "prompt": "go", "closeWhenIdle": True},
+                id=f"conc-{uuid.uuid4().hex[:8]}",
+                task_queue=TASK_QUEUE,
+                result_type=SessionResult,
+            )
+        except Exception:
+            return False, time.monotonic() - started, 0
+        ok = result.messages[-1].role == "assistant" and result.messages[-1].stop_reason == "stop"
+        return ok, time.monotonic() - started, rounds + 1
+
+    started = time.monotonic()
+    outcomes = await asyncio.gather(*(one() for _ in range(n)))
+    wall = time.monotonic() - started
+    completed = [o for o in outcomes if o[0]]
+    overhead = sorted((seconds / turns - 0.2) * 1000 for ok, seconds, turns in completed if turns)
+    return {
+        "conversations": n,
+        "completed": len(completed),
+        "failed": n - len(completed),
+        "turns_per_second": round(sum(o[2] for o in completed) / wall, 1),
+        "overhead_ms_per_turn_p50": round(overhead[len(overhead) // 2], 1) if overhead else None,
+        "overhead_ms_per_turn_p99": round(overhead[min(len(overhead) - 1, int(len(overhead) * 0.99))], 1)
+        if overhead
+        else None,
+        "worker_rss_mb": round(_rss_kb(worker_pid) / 1024, 1),
+    }
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+WORKERS: list[Any] = []
+
+
+async def main(runs: int, n: int) -> dict[str, Any]:
+    DATA.mkdir(parents=True, exist_ok=True)
+    dev = DevServer(log_path=DATA / "server.log").start()
+    server = ScriptedModelServer().start()
+    env = {
+        "TEMPORAL_ADDRESS": dev.address,
+        "TEMPORAL_TASK_QUEUE": TASK_QUEUE,
+        "OPENAI_BASE_URL": server.base_url,
+        "OPENAI_API_KEY": "bench",
+        "AGENT_STORAGE_DIR": str((DATA / "payloads").resolve()),
+        "LOG_LEVEL": "WARNING",
+    }
+    os.environ["AGENT_STORAGE_DIR"] = env["AGENT_STORAGE_DIR"]
+    worker = start_worker(env, log_path=DATA / "worker.log")
+    WORKERS.append(worker)
+    try:
+        client = await connect(Config(address=dev.address, task_queue=TASK_QUEUE))
+        summary = await compare(client, server, runs)
+        summary["first_token"] = await first_token_latency(client, server)
+        summary["kill_to_resume_s"] = await kill_to_resume(client, server, env)
+        if worker.poll() is not None:  # the kill took the main worker: replace it
+            worker = start_worker(env, log_path=DATA / "worker.log")
+        summary["concurrency"] = await concurrency(client, server, worker.pid, n)
+        return summary
+    finally:
+        stop_process(worker)
+        server.stop()
+        dev.stop()
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print(
+        f"{'':6} {'turns':>5} {'base ms/turn':>13} {'durable ms/turn':>16} {'ratio':>6} "
+        f"{'hist ev/turn':>12} {'hist B/turn':>11}"
+    )
+    for key in ("K=5", "K=20"):
+        row = summary[key]
+        print(
+            f"{key:6} {row['turns']:>5} {row['baseline_ms_per_turn']:>13} {row['durable_ms_per_turn']:>16} "
+            f"{row['ratio']:>6} {row['history_events_per_turn']:>12} {row['history_bytes_per_turn']:>11}"
+        )
+    print(f"history bytes growth K=5 -> K=20: {summary['history_bytes_growth_K5_to_K20']} (turns grow 3.5x)")
+    ft = summary["first_token"]
+    print(f"first token, model -> subscriber: median {ft['median_ms']} ms, max {ft['max_ms']} ms")
+    print(f"kill-to-resume after SIGKILL mid-stream: {summary['kill_to_resume_s']} s")
+    c = summary["concurrency"]
+    print(
+        f"{c['conversations']} concurrent conversations (200 ms model latency): {c['completed']} completed, "
+        f"{c['failed']} failed, {c['turns_per_second']} turns/s, overhead/turn p50 "
+        f"{c['overhead_ms_per_turn_p50']} ms p99 {c['overhead_ms_per_turn_p99']} ms, "
+        f"worker RSS {c['worker_rss_mb']} MB"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=100)
+    args = parser.parse_args()
+    result = asyncio.run(main(args.runs, args.concurrency))
+    for key in ("K=5", "K=20"):
+        result[key]["first_token_ms"] = sorted(result[key]["first_token_ms"])[:5]
+    print_table(result)
+    print(json.dumps(result, indent=2))
+    sys.stdout.flush()
+    os._exit(0)
