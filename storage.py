@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import tempfile
+import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
     ExternalStorage,
+    PayloadCodec,
     StorageDriver,
     StorageDriverClaim,
     StorageDriverRetrieveContext,
@@ -34,6 +36,7 @@ from temporalio.converter import (
 
 DEFAULT_STORAGE_DIR = Path(".agent-data/payloads")
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
+DEFAULT_COMPRESS_BYTES = 2048
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -224,6 +227,51 @@ def storage_from_env() -> ExternalStorage | None:
     return ExternalStorage(drivers=[driver], payload_size_threshold=threshold)
 
 
+class CompressionCodec(PayloadCodec):
+    """zlib-compresses payloads of at least ``threshold`` bytes.
+
+    The event stream's poll results and the final transcripts are large,
+    repetitive JSON: compressed they take a fifth of the history. Smaller
+    payloads (prompts, signals, tool calls, summaries) stay plain JSON so
+    the Temporal UI and CLI show them as they are.
+    """
+
+    def __init__(self, threshold: int) -> None:
+        self._threshold = threshold
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [self._compress(p) if p.ByteSize() >= self._threshold else p for p in payloads]
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [
+            Payload.FromString(zlib.decompress(p.data)) if p.metadata.get("encoding") == _ZLIB else p
+            for p in payloads
+        ]
+
+    def _compress(self, payload: Payload) -> Payload:
+        data = zlib.compress(payload.SerializeToString(), 6)
+        if len(data) >= payload.ByteSize():
+            return payload
+        return Payload(metadata={"encoding": _ZLIB}, data=data)
+
+
+_ZLIB = b"binary/zlib"
+
+
+def _compression_from_env() -> CompressionCodec | None:
+    raw = os.environ.get("AGENT_COMPRESS_THRESHOLD_BYTES", "").strip() or str(DEFAULT_COMPRESS_BYTES)
+    if raw == "off":
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"AGENT_COMPRESS_THRESHOLD_BYTES must be a number of bytes or 'off', got {raw!r}.")
+    return CompressionCodec(int(raw))
+
+
 def data_converter_from_env() -> DataConverter:
-    """The pydantic data converter with the external storage the environment asks for."""
-    return dataclasses.replace(pydantic_data_converter, external_storage=storage_from_env())
+    """The pydantic data converter with the compression and external storage
+    the environment asks for. Workers and clients must agree on both."""
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=_compression_from_env(),
+        external_storage=storage_from_env(),
+    )

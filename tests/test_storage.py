@@ -3,8 +3,10 @@ and a 3 MB activity result through a real Temporal dev server."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import importlib.util
+import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -39,7 +41,8 @@ if TYPE_CHECKING:  # local_stack resolves paths at import, which the workflow sa
     from local_stack import DevServer
 
 THRESHOLD = 1024
-BIG = "x" * (10 * THRESHOLD)
+# Random hex: compression (on by default) must not make it small.
+BIG = base64.b64encode(os.urandom(4 * THRESHOLD)).decode()
 THREE_MB = 3 * 1024 * 1024
 S3_EXTRA_MISSING = importlib.util.find_spec("aioboto3") is None or (
     importlib.util.find_spec("types_aiobotocore_s3") is None
@@ -223,7 +226,7 @@ async def test_s3_storage_keeps_payloads_under_the_prefix(
 
 @activity.defn(name="make_big_string")
 async def make_big_string(size: int) -> str:
-    return "x" * size
+    return base64.b64encode(os.urandom(size * 3 // 4)).decode()
 
 
 @workflow.defn(name="BigResultWorkflow")
@@ -284,3 +287,16 @@ async def test_three_megabyte_activity_result_fails_without_storage(
         await run_big_result_workflow(dev_server)
 
     assert "PayloadsTooLarge" in str(failure.value.cause.__cause__)
+
+
+async def test_large_payloads_are_compressed_and_small_ones_stay_readable() -> None:
+    from storage import CompressionCodec
+
+    converter = dataclasses.replace(pydantic_data_converter, payload_codec=CompressionCodec(2048))
+    big = {"messages": ["the same words again " * 20] * 50}
+    small = {"prompt": "hello"}
+    encoded = await converter.encode([big, small])
+    assert encoded[0].metadata["encoding"] == b"binary/zlib"
+    assert encoded[0].ByteSize() < len(str(big)) / 5
+    assert encoded[1].metadata["encoding"] == b"json/plain"
+    assert await converter.decode(encoded, [dict, dict]) == [big, small]
