@@ -18,6 +18,7 @@ then runs as one ``execute_tool`` activity.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable
@@ -61,7 +62,7 @@ class ToolSpec:
     prepare_arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def parameters_schema(self) -> dict[str, Any]:
-        return self.args_model.model_json_schema()
+        return _schema(self.args_model)
 
     def openai_tool(self) -> dict[str, Any]:
         """The Chat Completions ``tools`` entry for this tool."""
@@ -73,6 +74,12 @@ class ToolSpec:
                 "parameters": self.parameters_schema(),
             },
         }
+
+
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON schema, built once (pydantic takes about a millisecond)."""
+    return model.model_json_schema()
 
 
 _registry: dict[str, ToolSpec] = {}
