@@ -32,7 +32,7 @@ class ContextMissing(LookupError):
 
 
 class BlobStore(Protocol):
-    async def put(self, digest: str, data: bytes) -> None: ...
+    async def put_many(self, blobs: dict[str, bytes]) -> None: ...
     async def get(self, digest: str) -> bytes: ...
 
 
@@ -45,17 +45,18 @@ class FileBlobStore:
     def _path(self, digest: str) -> Path:
         return self._root / digest[:2] / digest
 
-    async def put(self, digest: str, data: bytes) -> None:
-        await asyncio.to_thread(self._write, digest, data)
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        await asyncio.to_thread(self._write_all, blobs)
 
-    def _write(self, digest: str, data: bytes) -> None:
-        path = self._path(digest)
-        if path.exists():
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_suffix(f".{os.getpid()}.tmp")
-        temp.write_bytes(data)
-        temp.replace(path)
+    def _write_all(self, blobs: dict[str, bytes]) -> None:
+        for digest, data in blobs.items():
+            path = self._path(digest)
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_suffix(f".{os.getpid()}.tmp")
+            temp.write_bytes(data)
+            temp.replace(path)
 
     async def get(self, digest: str) -> bytes:
         try:
@@ -71,8 +72,13 @@ class S3BlobStore:
         self._client = client
         self._bucket = bucket
 
-    async def put(self, digest: str, data: bytes) -> None:
-        await self._client.put_object(bucket=self._bucket, key=f"context/{digest}", data=data)  # type: ignore[attr-defined]
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        await asyncio.gather(
+            *(
+                self._client.put_object(bucket=self._bucket, key=f"context/{digest}", data=data)  # type: ignore[attr-defined]
+                for digest, data in blobs.items()
+            )
+        )
 
     async def get(self, digest: str) -> bytes:
         try:
@@ -129,14 +135,16 @@ class ContextStore:
     async def save(self, digests: list[str], messages: list[AgentMessage]) -> str:
         """Store ``messages`` after the context ``digests``; the new manifest's digest."""
         added = []
+        blobs: dict[str, bytes] = {}
         for message in messages:
             data = MessageAdapter.dump_json(message)
             digest = digest_of(data)
             if digest not in self._cache:
-                await self._blobs.put(digest, data)
+                blobs[digest] = data
                 self._remember(digest, message)
             added.append(digest)
         manifest = json.dumps(digests + added).encode()
         manifest_digest = digest_of(manifest)
-        await self._blobs.put(manifest_digest, manifest)
+        blobs[manifest_digest] = manifest
+        await self._blobs.put_many(blobs)
         return manifest_digest
