@@ -21,7 +21,6 @@ from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import activities.builtin_tools  # noqa: F401  (registers the example tools)
 from activities.context_store import ContextStore, blob_store_from_env
@@ -29,6 +28,7 @@ from activities.llm import LlmActivities
 from activities.session import session_defaults
 from activities.tool_runner import execute_tool
 from config import Config, ServerUnreachable, connect
+from sandbox_runner import workflow_runner
 from workflows.agent import AgentWorkflow
 
 
@@ -68,12 +68,7 @@ def build_worker(
         client,
         task_queue=config.task_queue,
         workflows=list(workflows),
-        # Workflow modules import only deterministic code (the determinism
-        # tests and replay guard that); passing every import through saves
-        # re-importing them for each new conversation's sandbox.
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
-        ),
+        workflow_runner=workflow_runner(),
         activities=[llm.stream_assistant_response, execute_tool, session_defaults],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
         max_heartbeat_throttle_interval=timedelta(seconds=1),

@@ -12,6 +12,7 @@ from temporalio.worker import Replayer
 
 import activities.builtin_tools  # noqa: F401  (the registry the recordings saw)
 import tests.support.tools  # noqa: F401
+from sandbox_runner import workflow_runner
 from storage import data_converter_from_env
 from workflows.agent import AgentWorkflow
 
@@ -26,5 +27,9 @@ def test_there_are_recorded_histories() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_recorded_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter_from_env())
+    replayer = Replayer(
+        workflows=[AgentWorkflow],
+        data_converter=data_converter_from_env(),
+        workflow_runner=workflow_runner(),  # the worker's sandbox
+    )
     await replayer.replay_workflow(history)
