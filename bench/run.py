@@ -196,48 +196,49 @@ async def first_token_latency(client: Client, server: ScriptedModelServer) -> di
     }
 
 
-async def kill_to_resume(client: Client, server: ScriptedModelServer, env: dict[str, str]) -> float:
-    """SIGKILL the worker streaming an answer; seconds until the retried
-    call is on the stream again (a second worker is already running)."""
-    victim = start_worker(env, log_path=DATA / "worker-victim.log")
+async def kill_to_resume(
+    client: Client, server: ScriptedModelServer, env: dict[str, str]
+) -> dict[str, float]:
+    """SIGKILL the worker streaming an answer; seconds until the retried call
+    is on the stream again and until its first token is, with a standby
+    worker already polling (the usual deployment: more than one worker)."""
+    queue = f"kill-{uuid.uuid4().hex[:6]}"
+    worker_env = {**env, "TEMPORAL_TASK_QUEUE": queue}
+    victim = start_worker(worker_env, log_path=DATA / "worker-victim.log")
+    standby = None
     model = f"kill-{uuid.uuid4().hex[:6]}"
-    slow = {"text": ANSWER, "chunk_chars": 4, "delay_ms": 20}
+    slow = {"text": ANSWER * 3, "chunk_chars": 4, "delay_ms": 20}  # ~12 s of tokens
     server.script(model, [slow, slow])
     workflow_id = f"kill-{uuid.uuid4().hex[:6]}"
     await client.start_workflow(
         "AgentWorkflow",
         {"model": model, "prompt": "go", "closeWhenIdle": True},
         id=workflow_id,
-        task_queue=TASK_QUEUE,
+        task_queue=queue,
     )
-    killed_at = 0.0
-    resumed = 0.0
-    updates = 0
-    async for _offset, event in follow(client, workflow_id):
-        if event["type"] == "message_update":
-            updates += 1
-            if updates == 20 and not killed_at:
-                # Kill whichever worker runs the activity: the victim or the standby.
-                for process in (victim, *WORKERS):
-                    if _runs_activity(process.pid):
-                        process.send_signal(signal.SIGKILL)
-                killed_at = time.monotonic()
-        if event["type"] == "message_retry" and killed_at and not resumed:
-            resumed = time.monotonic() - killed_at
-        if event["type"] == "agent_end":
-            break
-    stop_process(victim)
-    return round(resumed, 2)
-
-
-def _runs_activity(pid: int) -> bool:
-    """Whether a worker holds an open connection to the model server (it is streaming)."""
+    killed_at = retry_seen = tokens_again = 0.0
     try:
-        return any(
-            "->127.0.0.1" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")
-        )
-    except OSError:
-        return False
+        async for _offset, event in follow(client, workflow_id):
+            kind = event["type"]
+            if kind == "message_update" and not killed_at:
+                # The victim is the only worker on the queue, so it holds the
+                # stream; start the standby, then kill the victim.
+                standby = await asyncio.to_thread(start_worker, worker_env, None, DATA / "worker-standby.log")
+                victim.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+            elif kind == "message_retry" and killed_at and not retry_seen:
+                retry_seen = time.monotonic() - killed_at
+            elif kind == "message_update" and retry_seen and not tokens_again:
+                tokens_again = time.monotonic() - killed_at
+            elif kind == "agent_end":
+                break
+    finally:
+        stop_process(victim)
+        if standby is not None:
+            stop_process(standby)
+    if not tokens_again:
+        raise RuntimeError("the killed stream never resumed: see .agent-data/bench/worker-standby.log")
+    return {"retry_started_s": round(retry_seen, 2), "tokens_again_s": round(tokens_again, 2)}
 
 
 async def concurrency(client: Client, server: ScriptedModelServer, worker_pid: int, n: int) -> dict[str, Any]:
@@ -286,9 +287,6 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-WORKERS: list[Any] = []
-
-
 async def main(runs: int, n: int) -> dict[str, Any]:
     DATA.mkdir(parents=True, exist_ok=True)
     dev = DevServer(log_path=DATA / "server.log").start()
@@ -303,14 +301,11 @@ async def main(runs: int, n: int) -> dict[str, Any]:
     }
     os.environ["AGENT_STORAGE_DIR"] = env["AGENT_STORAGE_DIR"]
     worker = start_worker(env, log_path=DATA / "worker.log")
-    WORKERS.append(worker)
     try:
         client = await connect(Config(address=dev.address, task_queue=TASK_QUEUE))
         summary = await compare(client, server, runs)
         summary["first_token"] = await first_token_latency(client, server)
-        summary["kill_to_resume_s"] = await kill_to_resume(client, server, env)
-        if worker.poll() is not None:  # the kill took the main worker: replace it
-            worker = start_worker(env, log_path=DATA / "worker.log")
+        summary["kill_to_resume"] = await kill_to_resume(client, server, env)
         summary["concurrency"] = await concurrency(client, server, worker.pid, n)
         return summary
     finally:
@@ -333,7 +328,11 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"history bytes growth K=5 -> K=20: {summary['history_bytes_growth_K5_to_K20']} (turns grow 3.5x)")
     ft = summary["first_token"]
     print(f"first token, model -> subscriber: median {ft['median_ms']} ms, max {ft['max_ms']} ms")
-    print(f"kill-to-resume after SIGKILL mid-stream: {summary['kill_to_resume_s']} s")
+    k = summary["kill_to_resume"]
+    print(
+        f"kill-to-resume after SIGKILL mid-stream: retried call on the stream after "
+        f"{k['retry_started_s']} s, tokens again after {k['tokens_again_s']} s"
+    )
     c = summary["concurrency"]
     print(
         f"{c['conversations']} concurrent conversations (200 ms model latency): {c['completed']} completed, "
