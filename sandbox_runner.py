@@ -11,13 +11,15 @@ every restriction of the sandbox: the same code runs with the same globals.
 
 The override touches a private method of the SDK, so it is applied only to
 the temporalio version it was read against; any other version gets the stock
-runner (correct, just slower) and a warning.
+runner (correct, just slower) and a warning. AGENT_SANDBOX_PRECOMPILE=off
+turns it off by hand.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from importlib.metadata import version
 from typing import Any
@@ -73,6 +75,8 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     datetime`` escape the wall-clock restriction.
     """
     restrictions = SandboxRestrictions.default
+    if os.environ.get("AGENT_SANDBOX_PRECOMPILE", "").strip().lower() == "off":
+        return SandboxedWorkflowRunner(restrictions=restrictions)
     if version("temporalio") == SUPPORTED_SDK and hasattr(_runner._Instance, "_run_code"):
         return PrecompiledSandboxedWorkflowRunner(restrictions=restrictions)
     log.warning(

@@ -108,14 +108,16 @@ class DurableRun:
     first_token_ms: list[float] = field(default_factory=list)
 
 
-async def durable_conversation(client: Client, server: ScriptedModelServer, model: str) -> DurableRun:
+async def durable_conversation(
+    client: Client, server: ScriptedModelServer, model: str, task_queue: str = TASK_QUEUE
+) -> DurableRun:
     workflow_id = f"bench-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     handle = await client.start_workflow(
         "AgentWorkflow",
         {"model": model, "prompt": "run the scenario", "closeWhenIdle": True},
         id=workflow_id,
-        task_queue=TASK_QUEUE,
+        task_queue=task_queue,
         result_type=SessionResult,
     )
     seen_first: list[float] = []
