@@ -46,14 +46,7 @@ async def main(runs: int) -> dict[str, Any]:
     bench.DATA.mkdir(parents=True, exist_ok=True)
     dev = DevServer(log_path=bench.DATA / "server.log").start()
     server = ScriptedModelServer().start()
-    env = {
-        "TEMPORAL_ADDRESS": dev.address,
-        "OPENAI_BASE_URL": server.base_url,
-        "OPENAI_API_KEY": "bench",
-        "AGENT_STORAGE_DIR": str((bench.DATA / "payloads").resolve()),
-        "LOG_LEVEL": "WARNING",
-    }
-    os.environ["AGENT_STORAGE_DIR"] = env["AGENT_STORAGE_DIR"]
+    env = bench.stack_env(dev, server)
     queues = {name: f"ablation-{i}" for i, name in enumerate(VARIANTS)}
     workers = [
         start_worker(

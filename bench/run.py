@@ -289,19 +289,25 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-async def main(runs: int, n: int) -> dict[str, Any]:
-    DATA.mkdir(parents=True, exist_ok=True)
-    dev = DevServer(log_path=DATA / "server.log").start()
-    server = ScriptedModelServer().start()
+def stack_env(dev: DevServer, server: ScriptedModelServer) -> dict[str, str]:
+    """Worker settings for the benchmark's stack; the payload store is shared
+    with this process (its client reads stored payloads too)."""
     env = {
         "TEMPORAL_ADDRESS": dev.address,
-        "TEMPORAL_TASK_QUEUE": TASK_QUEUE,
         "OPENAI_BASE_URL": server.base_url,
         "OPENAI_API_KEY": "bench",
         "AGENT_STORAGE_DIR": str((DATA / "payloads").resolve()),
         "LOG_LEVEL": "WARNING",
     }
     os.environ["AGENT_STORAGE_DIR"] = env["AGENT_STORAGE_DIR"]
+    return env
+
+
+async def main(runs: int, n: int) -> dict[str, Any]:
+    DATA.mkdir(parents=True, exist_ok=True)
+    dev = DevServer(log_path=DATA / "server.log").start()
+    server = ScriptedModelServer().start()
+    env = {**stack_env(dev, server), "TEMPORAL_TASK_QUEUE": TASK_QUEUE}
     worker = start_worker(env, log_path=DATA / "worker.log")
     try:
         client = await connect(Config(address=dev.address, task_queue=TASK_QUEUE))
