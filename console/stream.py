@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.models import EVENTS_TOPIC
+
+# Errors a poll can meet while the workflow is healthy, after which polling
+# again from the same offset is right:
+# - FAILED_PRECONDITION "...update due to unexpected workflow task failure":
+#   the server failed the workflow task that carried the poll, most often
+#   because a signal arrived while it was completing a continue-as-new
+#   (cause UnhandledCommand); the task is retried and the workflow goes on.
+# - UNAVAILABLE "workflow update was aborted" and other transport blips.
+_TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
+# Retries in a row without a new event before the error is the caller's:
+# 0.1 s doubling to 2 s, about 25 s in all.
+MAX_RETRIES = 15
 
 
 async def follow(
@@ -25,9 +39,24 @@ async def follow(
     each poll costs the workflow an update and a workflow task (measured:
     22 -> 18 history events and 64 -> 60 ms per LLM turn, bench/README.md).
     An idle stream's first token is unaffected: the poll is already waiting.
+
+    A poll that fails transiently (see ``_TRANSIENT``) is made again from the
+    next offset not yet yielded, so no event is lost or repeated; after
+    ``MAX_RETRIES`` failures in a row the error is raised.
     """
     stream = WorkflowStreamClient.create(client, workflow_id)
-    async for item in stream.subscribe(
-        [EVENTS_TOPIC], from_offset=from_offset, poll_cooldown=timedelta(milliseconds=cooldown_ms)
-    ):
-        yield item.offset, item.data
+    cooldown = timedelta(milliseconds=cooldown_ms)
+    offset = from_offset
+    failures = 0
+    while True:
+        try:
+            async for item in stream.subscribe([EVENTS_TOPIC], from_offset=offset, poll_cooldown=cooldown):
+                offset = item.offset + 1
+                failures = 0
+                yield item.offset, item.data
+            return
+        except RPCError as err:
+            if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
+                raise
+            await asyncio.sleep(min(2.0, 0.1 * 2**failures))
+            failures += 1

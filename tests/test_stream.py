@@ -4,8 +4,14 @@ reconnecting subscriber reads exactly once, in order."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.service import RPCError, RPCStatusCode
+
+import console.stream
 from tests.support.stack import EventLog, Stack, read_events
 
 SCRIPT: list[dict[str, Any]] = [
@@ -71,3 +77,68 @@ async def test_batching_interval_is_a_setting(stack: Stack) -> None:
     ]
     # ~0.6 s of deltas: the first token at once, the rest in one or two batches.
     assert 1 <= len(publishes) <= 4
+
+
+ABORTED = RPCError(
+    "Unable to perform workflow execution update due to unexpected workflow task failure.",
+    RPCStatusCode.FAILED_PRECONDITION,
+    b"",
+)
+
+
+async def test_a_poll_aborted_by_a_failed_workflow_task_is_made_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server aborts an in-flight poll when the workflow task carrying it
+    # fails (a signal that lands during a continue-as-new does that); the
+    # workflow itself goes on. The subscriber polls again, losing nothing.
+    stack.script(*SCRIPT)
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    await handle.result()
+    full = await read_events(stack.client, handle.id)
+    real = WorkflowStreamClient.subscribe
+    starts: list[int] = []
+
+    async def flaky(self: WorkflowStreamClient, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        starts.append(kwargs["from_offset"])
+        count = 0
+        async for item in real(self, *args, **kwargs):
+            yield item
+            count += 1
+            if len(starts) <= 2 and count == 3:
+                raise ABORTED
+
+    monkeypatch.setattr(WorkflowStreamClient, "subscribe", flaky)
+    again = await read_events(stack.client, handle.id)
+    assert starts == [0, 3, 6]
+    assert again == full
+
+
+async def test_a_subscriber_gives_up_on_an_error_that_does_not_pass(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack.script({"text": "hello"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    await handle.result()
+    calls = 0
+
+    def failing(error: RPCError) -> Any:
+        async def subscribe(self: WorkflowStreamClient, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            nonlocal calls
+            calls += 1
+            raise error
+            yield
+
+        return subscribe
+
+    monkeypatch.setattr(console.stream, "MAX_RETRIES", 2)
+    monkeypatch.setattr(WorkflowStreamClient, "subscribe", failing(ABORTED))
+    with pytest.raises(RPCError, match="workflow task failure"):
+        await read_events(stack.client, handle.id)
+    assert calls == 3  # the first poll and two retries
+    calls = 0
+    denied = RPCError("Request unauthorized.", RPCStatusCode.PERMISSION_DENIED, b"")
+    monkeypatch.setattr(WorkflowStreamClient, "subscribe", failing(denied))
+    with pytest.raises(RPCError, match="unauthorized"):
+        await read_events(stack.client, handle.id)
+    assert calls == 1  # not retried

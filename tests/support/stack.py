@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
+from console.stream import follow
 from local_stack import DevServer
 from scripted_model import ScriptedModelServer
 from workflows.contract import SessionResult, SessionState
-from workflows.models import EVENTS_TOPIC, AgentMessage, EventAdapter
+from workflows.models import AgentMessage, EventAdapter
 
-_COOLDOWN = timedelta(milliseconds=20)
+_COOLDOWN_MS = 20
 
 
 @dataclass
@@ -60,12 +59,11 @@ class Stack:
 async def read_events(
     client: Client, workflow_id: str, runs: int = 1, from_offset: int = 0
 ) -> list[dict[str, Any]]:
-    stream = WorkflowStreamClient.create(client, workflow_id)
     out: list[dict[str, Any]] = []
     ends = 0
-    async for item in stream.subscribe([EVENTS_TOPIC], from_offset=from_offset, poll_cooldown=_COOLDOWN):
-        event = EventAdapter.validate_python(item.data).model_dump()
-        event["offset"] = item.offset
+    async for offset, data in follow(client, workflow_id, from_offset, cooldown_ms=_COOLDOWN_MS):
+        event = EventAdapter.validate_python(data).model_dump()
+        event["offset"] = offset
         out.append(event)
         if event["type"] == "agent_end":
             ends += 1
@@ -109,13 +107,10 @@ class EventLog:
         self._task = asyncio.create_task(self._collect(client, workflow_id, from_offset))
 
     async def _collect(self, client: Client, workflow_id: str, from_offset: int) -> None:
-        stream = WorkflowStreamClient.create(client, workflow_id)
         try:
-            async for item in stream.subscribe(
-                [EVENTS_TOPIC], from_offset=from_offset, poll_cooldown=_COOLDOWN
-            ):
-                event = EventAdapter.validate_python(item.data).model_dump()
-                event["offset"] = item.offset
+            async for offset, data in follow(client, workflow_id, from_offset, cooldown_ms=_COOLDOWN_MS):
+                event = EventAdapter.validate_python(data).model_dump()
+                event["offset"] = offset
                 async with self._changed:
                     self.events.append(event)
                     self._changed.notify_all()
