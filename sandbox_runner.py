@@ -18,11 +18,15 @@ turns it off by hand.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
 import logging
 import os
+import sys
 import threading
 from importlib.metadata import version
-from typing import Any
+from types import CodeType
+from typing import Any, ClassVar
 
 import temporalio.workflow
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
@@ -37,6 +41,67 @@ SUPPORTED_SDK = "1.35.0"
 log = logging.getLogger(__name__)
 
 
+class _CachingSourceLoader(importlib.machinery.SourceFileLoader):
+    """A source loader that compiles each distinct source text once."""
+
+    # (path, source) -> code object; one entry per module the sandbox loads.
+    codes: ClassVar[dict[tuple[str, bytes], CodeType]] = {}
+    compiled: ClassVar[int] = 0
+    reused: ClassVar[int] = 0
+
+    def source_to_code(self, data: Any, path: Any, *, _optimize: int = -1) -> CodeType:  # type: ignore[override]
+        key = (str(path), bytes(data))
+        code = self.codes.get(key)
+        if code is None:
+            code = self.codes[key] = super().source_to_code(data, path, _optimize=_optimize)
+            type(self).compiled += 1
+        else:
+            type(self).reused += 1
+        return code
+
+
+class _SandboxCodeCache(importlib.abc.MetaPathFinder):
+    """Every new workflow instance imports its workflow module afresh inside
+    the sandbox. Without a ``.pyc`` (a source checkout run with
+    ``PYTHONDONTWRITEBYTECODE=1``, as in many containers) that means
+    compiling ``workflows/agent.py`` again for each conversation start,
+    continue-as-new, replay and query of a closed conversation: ~30 ms of CPU
+    each (bench/README.md). Inside the sandbox only, source modules get a
+    loader that keeps the compiled code, keyed by path and source text, so
+    an edited file is compiled again. The module is still executed afresh:
+    only the compile is shared, as a ``.pyc`` would share it.
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not temporalio.workflow.unsafe.in_sandbox() or self not in sys.meta_path:
+            return None
+        # Ask the finders after this one, as the import system would, and
+        # swap in the caching loader where they load plain source files.
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1 :]:
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec(fullname, path, target) if find_spec is not None else None
+            if spec is None:
+                continue
+            if type(spec.loader) is importlib.machinery.SourceFileLoader:
+                spec.loader = _CachingSourceLoader(spec.loader.name, spec.loader.path)
+            return spec
+        return None
+
+
+_code_cache = _SandboxCodeCache()
+
+
+def _install_code_cache() -> None:
+    # Just before PathFinder, so builtin, frozen and hook-based finders
+    # (pytest's assertion rewriting, for one) keep their precedence.
+    if _code_cache in sys.meta_path:
+        return
+    at = next(
+        (i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), len(sys.meta_path)
+    )
+    sys.meta_path.insert(at, _code_cache)
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled(source: str) -> Any:
     # The SDK passes a handful of fixed snippets (one per workflow class for
@@ -45,6 +110,40 @@ def _compiled(source: str) -> Any:
 
 
 class _PrecompiledInstance(_runner._Instance):
+    """The SDK's sandboxed instance, with its glue compiled once and the
+    payload contexts of one workflow task looked up once.
+
+    Encoding a completion asks for the serialization context of each payload
+    up to four times (encode, external store, reference, codec), and each ask
+    runs glue in the sandbox. The answer depends only on the command (its
+    type and sequence number) and on the instance's pending commands, which
+    change only inside ``activate``: so answers are kept from the end of one
+    activation to the start of the next.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._contexts: dict[tuple[str, Any], Any] = {}
+        super().__init__(*args, **kwargs)
+
+    def activate(self, act: Any) -> Any:
+        self._contexts.clear()
+        try:
+            return super().activate(act)
+        finally:
+            self._contexts.clear()
+
+    def get_serialization_context(self, command_info: Any) -> Any:
+        key = ("serialization", command_info)
+        if key not in self._contexts:
+            self._contexts[key] = super().get_serialization_context(command_info)
+        return self._contexts[key]
+
+    def get_external_store_context(self, command_info: Any) -> Any:
+        key = ("external_store", command_info)
+        if key not in self._contexts:
+            self._contexts[key] = super().get_external_store_context(command_info)
+        return self._contexts[key]
+
     def _run_code(self, code: str, **extra_globals: Any) -> None:
         # Same as the SDK's _run_code, with exec(code object) for exec(str).
         for key, value in extra_globals.items():
@@ -78,6 +177,7 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     if os.environ.get("AGENT_SANDBOX_PRECOMPILE", "").strip().lower() == "off":
         return SandboxedWorkflowRunner(restrictions=restrictions)
     if version("temporalio") == SUPPORTED_SDK and hasattr(_runner._Instance, "_run_code"):
+        _install_code_cache()
         return PrecompiledSandboxedWorkflowRunner(restrictions=restrictions)
     log.warning(
         "temporalio %s is not %s: using the stock workflow sandbox (slower per workflow task)",
