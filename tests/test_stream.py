@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
 
 import console.stream
+from console.stream import follow
 from tests.support.stack import EventLog, Stack, read_events
 
 SCRIPT: list[dict[str, Any]] = [
@@ -142,3 +144,57 @@ async def test_a_subscriber_gives_up_on_an_error_that_does_not_pass(
     with pytest.raises(RPCError, match="unauthorized"):
         await read_events(stack.client, handle.id)
     assert calls == 1  # not retried
+
+
+# --- the end of a conversation: live subscribers read the last events by poll ---
+
+
+def kinds(history: Any) -> list[str]:
+    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events]
+
+
+async def test_a_subscriber_between_polls_reads_the_end_before_completion(stack: Stack) -> None:
+    # The subscriber waits 700 ms between polls; the answer ends well within
+    # that, so the conversation is done while the subscriber is not polling.
+    stack.script({"text": "the last words", "first_delay_ms": 150})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    seen = [data async for _, data in follow(stack.client, handle.id, cooldown_ms=700)]
+    await handle.result()
+    assert seen[-1]["type"] == "agent_end"
+    assert [e["type"] for e in seen] == [e["type"] for e in await read_events(stack.client, handle.id)]
+    # It waited for the subscriber's next poll, which read the rest, then
+    # completed: no timer fired, and nobody had to replay the history.
+    events = kinds(await handle.fetch_history())
+    tail = events[events.index("TIMER_STARTED") :]
+    assert tail[-3:] == [
+        "WORKFLOW_EXECUTION_UPDATE_COMPLETED",
+        "TIMER_CANCELED",
+        "WORKFLOW_EXECUTION_COMPLETED",
+    ]
+    assert "TIMER_FIRED" not in tail
+
+
+async def test_without_subscribers_a_conversation_completes_at_once(stack: Stack) -> None:
+    stack.script({"text": "nobody listens"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    await handle.result()
+    assert "TIMER_STARTED" not in kinds(await handle.fetch_history())
+
+
+async def test_a_message_sent_while_waiting_for_a_gone_subscriber_is_answered(stack: Stack) -> None:
+    stack.script({"text": "first answer", "first_delay_ms": 200}, {"text": "second answer"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("agent_start")
+    log.close()  # the subscriber goes away mid-answer
+    # The run ends; the conversation waits (up to its grace) for the
+    # subscriber that never polls again. A steer sent now starts a run.
+    for _ in range(200):
+        state = await stack.state(handle)
+        if state.runs == 1 and state.status == "idle":
+            break
+        await asyncio.sleep(0.01)
+    await handle.signal("steer", "one more thing")
+    result = await handle.result()
+    texts = [m.content if isinstance(m.content, str) else m.content[0].text for m in result.messages]  # type: ignore[union-attr]
+    assert texts == ["go", "first answer", "one more thing", "second answer"]

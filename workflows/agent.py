@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from temporalio.contrib.workflow_streams import WorkflowStream
+    from temporalio.contrib.workflow_streams import PollInput, PollResult, WorkflowStream
 
     from activities.tools import (
         ToolArgumentsError,
@@ -82,6 +82,14 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=3)
 # Stream items kept when continuing as new; older offsets read from the
 # oldest item kept.
 STREAM_ITEMS_CARRIED = 2000
+# The stream's long-poll update (registered by WorkflowStream; wrapped here).
+STREAM_POLL_UPDATE = "__temporal_workflow_stream_poll"
+# How long a conversation that is about to complete waits for its live
+# subscribers to read the last events (a subscriber polls again within its
+# cooldown, 100 ms by default). Past it, or with no subscriber, it completes
+# and late readers drain the rest by query (which replays the history).
+SUBSCRIBER_GRACE = timedelta(seconds=1)
+LINGER_PATCH = "linger-for-subscribers"
 
 
 @dataclass
@@ -127,6 +135,13 @@ class AgentWorkflow:
         carry = session.carry or SessionCarry()
         self._stream = WorkflowStream(prior_state=carry.stream)
         self._events = self._stream.topic(EVENTS_TOPIC)
+        # The stream's own poll handler, wrapped to see how far live
+        # subscribers have read (see _let_subscribers_catch_up).
+        self._stream_polled = False
+        self._stream_delivered = 0
+        workflow.set_update_handler(
+            STREAM_POLL_UPDATE, self._on_stream_poll, validator=self._stream._validate_poll
+        )
         self._settings = SessionSettings.model_validate(
             session.model_dump(include=set(SessionSettings.model_fields))
         )
@@ -173,7 +188,10 @@ class AgentWorkflow:
             await self._resume_run(self._run)
         while True:
             if self._run_ended and self._settings.close_when_idle and self._is_idle_and_drained():
-                break
+                await self._let_subscribers_catch_up()
+                if self._is_idle_and_drained():
+                    break
+                continue  # a message arrived meanwhile: it starts a run
             await workflow.wait_condition(
                 lambda: self._requested is not None or self._closing or self._continue_as_new_due()
             )
@@ -181,6 +199,7 @@ class AgentWorkflow:
                 request, self._requested = self._requested, None
                 await self._start_run(request)
             elif self._closing:
+                await self._let_subscribers_catch_up()
                 break
             else:
                 await self._continue_as_new()
@@ -692,6 +711,38 @@ class AgentWorkflow:
             for message in self._requested.prompts:
                 next_input.carry.steering.append(message)  # type: ignore[union-attr]
         workflow.continue_as_new(next_input)
+
+    async def _on_stream_poll(self, payload: PollInput) -> PollResult:
+        self._stream_polled = True
+        result = await self._stream._on_poll(payload)
+        self._stream_delivered = max(self._stream_delivered, result.next_offset)
+        return result
+
+    async def _let_subscribers_catch_up(self) -> None:
+        """Before completing, give a live subscriber (one that polled this
+        run) up to SUBSCRIBER_GRACE to read the last events by its next poll.
+        Without this, a subscriber that was between polls finds the workflow
+        completed and reads the tail by query, which replays the whole
+        history on a worker (0.4 ms per history event here; seconds for a
+        long conversation). Returns early once a poll has read to the end,
+        or when a message or ``close`` arrives."""
+        if not self._stream_polled or self._stream_delivered >= self._stream_offset():
+            return
+        if not workflow.patched(LINGER_PATCH):
+            return  # a conversation that completed before this existed
+        closing = self._closing
+        try:
+            await workflow.wait_condition(
+                lambda: (
+                    self._stream_delivered >= self._stream_offset()
+                    or self._closing != closing
+                    or (not closing and not self._is_idle_and_drained())
+                ),
+                timeout=SUBSCRIBER_GRACE,
+                timeout_summary="let subscribers read the last events",
+            )
+        except TimeoutError:
+            pass
 
     def _stream_offset(self) -> int:
         # The stream's global offset (its `__temporal_workflow_stream_offset` query).
