@@ -49,6 +49,7 @@ class ActivityEventPublisher:
         self._wake = asyncio.Event()
         self._urgent = False
         self._closing = False
+        self._closed = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.tail: list[dict[str, Any]] = []
 
@@ -63,6 +64,7 @@ class ActivityEventPublisher:
         tb: TracebackType | None,
     ) -> None:
         self._closing = True
+        self._closed.set()
         self._wake.set()
         if self._loop_task is not None:
             await self._loop_task  # lets a batch being sent arrive first
@@ -82,8 +84,11 @@ class ActivityEventPublisher:
             if self._closing:
                 return
             if self._urgent:
-                # A moment for the rest of a fast answer to join the first token.
-                await asyncio.sleep(FIRST_FLUSH_MS / 1000)
+                # A moment for the rest of a fast answer to join the first
+                # token; cut short when the activity ends meanwhile (its
+                # result carries the batch then).
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), timeout=FIRST_FLUSH_MS / 1000)
                 if self._closing:
                     return
             self._wake.clear()

@@ -4,6 +4,7 @@ reconnecting subscriber reads exactly once, in order."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,9 +13,12 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
 
+import activities.events as events_module
 import console.stream
+from activities.events import ActivityEventPublisher
 from console.stream import follow
 from tests.support.stack import EventLog, Stack, read_events
+from workflows.models import AgentStartEvent
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -198,3 +202,51 @@ async def test_a_message_sent_while_waiting_for_a_gone_subscriber_is_answered(st
     result = await handle.result()
     texts = [m.content if isinstance(m.content, str) else m.content[0].text for m in result.messages]  # type: ignore[union-attr]
     assert texts == ["go", "first answer", "one more thing", "second answer"]
+
+
+# --- the activity side: what a fast answer costs ---
+
+
+class FakeStreamClient:
+    """Stands in for the activity's stream client: records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.flushes = 0
+
+    def topic(self, _name: str) -> FakeStreamClient:
+        return self
+
+    def publish(self, event: Any) -> None:
+        self.sent.append(event)
+
+    async def flush(self) -> None:
+        self.flushes += 1
+
+
+async def test_an_answer_ending_during_the_first_token_delay_returns_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeStreamClient()
+    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(lambda: fake))
+    monkeypatch.setattr(events_module, "FIRST_FLUSH_MS", 2000)
+    started = time.monotonic()
+    async with ActivityEventPublisher(batch_ms=100) as events:
+        events.publish(AgentStartEvent(), flush=True)  # the first token: send soon
+        await asyncio.sleep(0.05)  # the answer ends before the delay is up
+    # It did not sit out the delay, and sent nothing: the result carries it.
+    assert time.monotonic() - started < 1.0
+    assert (fake.sent, fake.flushes) == ([], 0)
+    assert [e["type"] for e in events.tail] == ["agent_start"]
+
+
+async def test_the_first_token_is_sent_after_the_delay_when_the_answer_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeStreamClient()
+    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(lambda: fake))
+    async with ActivityEventPublisher(batch_ms=10_000) as events:
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.3)  # well past FIRST_FLUSH_MS, far from the batch interval
+        assert ([e["type"] for e in fake.sent], fake.flushes) == (["agent_start"], 1)
+    assert events.tail == []
