@@ -16,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 import activities.events as events_module
 import console.stream
 from activities.events import ActivityEventPublisher
-from console.stream import follow
+from console.stream import PollInterval, follow
 from tests.support.stack import EventLog, Stack, read_events
 from workflows.models import AgentStartEvent
 
@@ -250,3 +250,21 @@ async def test_the_first_token_is_sent_after_the_delay_when_the_answer_goes_on(
         await asyncio.sleep(0.3)  # well past FIRST_FLUSH_MS, far from the batch interval
         assert ([e["type"] for e in fake.sent], fake.flushes) == (["agent_start"], 1)
     assert events.tail == []
+
+
+def test_the_poll_cooldown_counts_from_the_start_of_the_previous_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(console.stream.time, "monotonic", lambda: clock[0])
+    interval = PollInterval(100)
+    waits = []
+    # (seconds the poll took, as the stream client sees it) -> wait before the next
+    for took in (0.5, 0.02, 0.0, 0.1, 0.07):
+        clock[0] += took
+        wait = interval.total_seconds()
+        waits.append(round(wait, 3))
+        clock[0] += wait
+    # A poll that waited 500 ms for events is followed at once; quick ones
+    # are spaced so that polls start at most every 100 ms.
+    assert waits == [0.0, 0.08, 0.1, 0.0, 0.03]
