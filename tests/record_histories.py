@@ -1,6 +1,6 @@
 """Record the workflow histories that tests/test_replay.py replays.
 
-    python -m tests.record_histories
+    python -m tests.record_histories [SCENARIO ...]   # all, or the ones named
 
 Runs each scenario on an embedded dev server with an in-process worker and
 the scripted model, and writes its history to tests/histories/NAME.json.
@@ -24,6 +24,7 @@ from temporalio.client import Client, WorkflowHandle
 import activities.builtin_tools  # noqa: F401
 import tests.support.tools  # noqa: F401
 from config import Config, connect
+from console.stream import follow
 from local_stack import DevServer
 from scripted_model import ScriptedModelServer
 from tests.support.stack import EventLog
@@ -134,16 +135,31 @@ async def continue_as_new(
     return client.get_workflow_handle(handle.id)
 
 
+async def subscriber_at_close(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    # The subscriber is between polls when the answer ends: the conversation
+    # waits for its next poll before completing (the linger-for-subscribers
+    # patch).
+    server.script(model, [{"text": "the end", "first_delay_ms": 150}])
+    handle = await start(client, model, prompt="finish", closeWhenIdle=True)
+    async for _ in follow(client, handle.id, cooldown_ms=700):
+        pass
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
     "abort_and_prompt": abort_and_prompt,
     "errors": errors,
     "continue_as_new": continue_as_new,
+    "subscriber_at_close": subscriber_at_close,
 }
 
 
-async def record() -> None:
+async def record(names: list[str]) -> None:
     server = DevServer().start()
     model_server = ScriptedModelServer().start()
     os.environ.update(
@@ -154,6 +170,8 @@ async def record() -> None:
         client = await connect(config)
         async with build_worker(client, config):
             for name, scenario in SCENARIOS.items():
+                if names and name not in names:
+                    continue
                 handle = await scenario(client, model_server, f"rec-{name}")
                 if name == "continue_as_new":
                     # Every run of the chain: each is replayed on its own.
@@ -173,6 +191,6 @@ async def record() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record())
+    asyncio.run(record(sys.argv[1:]))
     sys.stdout.flush()
     os._exit(0)

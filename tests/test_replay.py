@@ -21,7 +21,14 @@ HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"
 
 def test_there_are_recorded_histories() -> None:
     names = {path.stem.rsplit("_", 1)[0] if path.stem[-1].isdigit() else path.stem for path in HISTORIES}
-    assert {"tools", "steering_and_follow_up", "abort_and_prompt", "errors", "continue_as_new"} <= names
+    assert {
+        "tools",
+        "steering_and_follow_up",
+        "abort_and_prompt",
+        "errors",
+        "continue_as_new",
+        "subscriber_at_close",
+    } <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
