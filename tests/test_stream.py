@@ -186,7 +186,10 @@ async def test_without_subscribers_a_conversation_completes_at_once(stack: Stack
 
 
 async def test_a_message_sent_while_waiting_for_a_gone_subscriber_is_answered(stack: Stack) -> None:
-    stack.script({"text": "first answer", "first_delay_ms": 200}, {"text": "second answer"})
+    # A long first answer: its first tokens are published while it streams,
+    # which completes the gone subscriber's last poll mid-answer.
+    first = "first answer " * 10
+    stack.script({"text": first, "delay_ms": 20, "chunk_chars": 4}, {"text": "second answer"})
     handle = await stack.start(prompt="go", closeWhenIdle=True)
     log = EventLog(stack.client, handle.id)
     await log.wait_for_type("agent_start")
@@ -201,7 +204,7 @@ async def test_a_message_sent_while_waiting_for_a_gone_subscriber_is_answered(st
     await handle.signal("steer", "one more thing")
     result = await handle.result()
     texts = [m.content if isinstance(m.content, str) else m.content[0].text for m in result.messages]  # type: ignore[union-attr]
-    assert texts == ["go", "first answer", "one more thing", "second answer"]
+    assert texts == ["go", first, "one more thing", "second answer"]
 
 
 # --- the activity side: what a fast answer costs ---
