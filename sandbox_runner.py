@@ -1,18 +1,26 @@
-"""The workflow sandbox, without recompiling its glue code on every call.
+"""The workflow sandbox, without its repeated per-call overheads.
 
-temporalio 1.35's sandbox runs each step of a workflow (every activation,
-and the serialization and external-storage context of every payload it
-encodes or decodes) as ``exec(source_string)``; ``exec`` compiles the string
-each time. With a dozen payloads per workflow task that compiling was 23% of
-the worker's event-loop CPU in the benchmark (bench/README.md): 70 ms per LLM
-turn sandboxed against 54 ms unsandboxed. Compiling each snippet once, then
-``exec``-ing the code object, gives the unsandboxed speed (53 ms) and keeps
-every restriction of the sandbox: the same code runs with the same globals.
+temporalio 1.35's sandbox is correct but pays three costs over and over,
+each measured in the benchmark (bench/README.md):
 
-The override touches a private method of the SDK, so it is applied only to
-the temporalio version it was read against; any other version gets the stock
-runner (correct, just slower) and a warning. AGENT_SANDBOX_PRECOMPILE=off
-turns it off by hand.
+1. It runs each step of a workflow (every activation, and the serialization
+   and external-storage context of every payload it encodes or decodes) as
+   ``exec(source_string)``, compiling the string each time: 23% of the
+   worker's event-loop CPU. Here each snippet is compiled once and the code
+   object is exec'd: the same code with the same globals.
+2. It asks for a payload's context four or five times per payload, each
+   time entering the sandbox. Here the answers are kept from the end of one
+   activation to the start of the next (they depend only on the command and
+   the pending commands, which change only inside an activation).
+3. Each new workflow instance re-imports its workflow module; without a
+   ``.pyc`` (PYTHONDONTWRITEBYTECODE=1) that compiles the module's source
+   every time. Here the compiled code is shared per (path, source).
+
+Every restriction of the sandbox holds (tests/test_sandbox_runner.py). The
+overrides touch private parts of the SDK, so they apply only to the
+temporalio version they were read against; any other version gets the
+stock runner (correct, just slower) and a warning. AGENT_SANDBOX_PRECOMPILE=off
+turns them all off by hand.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ setting, so the row shows what that change is worth:
 - ``context inline``: ``AGENT_STORAGE=off``, the LLM activity gets the whole
   transcript every turn (no content-addressed context);
 - ``no compression``: ``AGENT_COMPRESS_THRESHOLD_BYTES=off``;
-- ``stock sandbox``: ``AGENT_SANDBOX_PRECOMPILE=off``.
+- ``stock sandbox``: ``AGENT_SANDBOX_PRECOMPILE=off`` (glue compiled per call,
+  payload contexts looked up per payload, workflow module compiled per instance).
 """
 
 from __future__ import annotations
