@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from storage import data_converter_from_env
+from workflows.contract import SessionResult
+
+# How long the server waits for a worker that took a workflow task before
+# giving it to another. This workflow's tasks take milliseconds, but a worker
+# that dies while holding one (SIGKILL, OOM, node loss) stalls the
+# conversation for this long; the server's default is 10 s. 4 s leaves room
+# for replaying a long history on a busy worker (100 concurrent
+# conversations on one worker saw no timeouts, bench/README.md).
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=4)
 
 
 @dataclass(frozen=True)
@@ -39,3 +50,19 @@ async def connect(config: Config) -> Client:
             f"Cannot reach the Temporal server at {config.address} ({str(err).splitlines()[0]}). "
             "Start one (`temporal server start-dev`) or set TEMPORAL_ADDRESS."
         ) from None
+
+
+async def start_conversation(
+    client: Client, workflow_id: str, input: dict[str, Any], *, task_queue: str, **options: Any
+) -> WorkflowHandle[Any, SessionResult]:
+    """Start an ``AgentWorkflow`` conversation (camelCase ``input``) with the
+    project's workflow task timeout; ``options`` go to ``start_workflow``."""
+    return await client.start_workflow(
+        "AgentWorkflow",
+        input,
+        id=workflow_id,
+        task_queue=task_queue,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
+        result_type=SessionResult,
+        **options,
+    )

@@ -27,7 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
-from config import Config, connect
+from config import Config, connect, start_conversation
 from console.render import EventRenderer
 from console.stream import follow
 from local_stack import DevServer, start_scripted_model, start_worker, stop_process
@@ -96,10 +96,10 @@ async def run_demo(console: Console) -> int:
         config = Config(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
         client = await connect(config)
         workflow_id = f"demo-{uuid.uuid4().hex[:6]}"
-        await client.start_workflow(
-            "AgentWorkflow",
+        await start_conversation(
+            client,
+            workflow_id,
             {"prompt": PROMPT, "model": model, "closeWhenIdle": True},
-            id=workflow_id,
             task_queue=config.task_queue,
         )
         handle = client.get_workflow_handle(workflow_id)

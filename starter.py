@@ -26,12 +26,12 @@ import uuid
 from typing import Any
 
 from rich.console import Console
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from config import Config, ServerUnreachable, connect
+from config import Config, ServerUnreachable, connect, start_conversation
 from console import EventRenderer, chat, follow, watch
-from workflows.contract import PromptResult, SessionResult, SessionState
+from workflows.contract import PromptResult, SessionState
 from workflows.models import AgentMessage, MessageList
 
 
@@ -52,18 +52,10 @@ def session_input(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-async def start_conversation(
-    client: Client, config: Config, workflow_id: str, input: dict[str, Any]
-) -> WorkflowHandle[Any, Any]:
-    return await client.start_workflow(
-        "AgentWorkflow", input, id=workflow_id, task_queue=config.task_queue, result_type=SessionResult
-    )
-
-
 async def cmd_run(client: Client, config: Config, args: argparse.Namespace) -> int:
     workflow_id = args.id or f"run-{uuid.uuid4().hex[:8]}"
     handle = await start_conversation(
-        client, config, workflow_id, {**session_input(args), "closeWhenIdle": True}
+        client, workflow_id, {**session_input(args), "closeWhenIdle": True}, task_queue=config.task_queue
     )
     print(f"conversation {workflow_id}: {config.workflow_url(workflow_id)}", file=sys.stderr)
     renderer = EventRenderer(Console())
@@ -93,7 +85,7 @@ async def cmd_watch(client: Client, config: Config, args: argparse.Namespace) ->
 
 async def cmd_start(client: Client, config: Config, args: argparse.Namespace) -> int:
     workflow_id = args.id or f"chat-{uuid.uuid4().hex[:8]}"
-    await start_conversation(client, config, workflow_id, session_input(args))
+    await start_conversation(client, workflow_id, session_input(args), task_queue=config.task_queue)
     print(workflow_id)
     return 0
 

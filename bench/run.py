@@ -33,11 +33,10 @@ from temporalio.client import Client
 import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
 from activities.openai_chat import StreamAssembler, to_openai_messages
 from activities.tools import registered_tools
-from config import Config, connect
+from config import Config, connect, start_conversation
 from console.stream import follow
 from local_stack import DevServer, start_worker, stop_process
 from scripted_model import ScriptedModelServer
-from workflows.contract import SessionResult
 from workflows.models import AgentMessage, TextContent, ToolResultMessage, UserMessage
 
 DATA = Path(".agent-data/bench")
@@ -113,12 +112,11 @@ async def durable_conversation(
 ) -> DurableRun:
     workflow_id = f"bench-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    handle = await client.start_workflow(
-        "AgentWorkflow",
+    handle = await start_conversation(
+        client,
+        workflow_id,
         {"model": model, "prompt": "run the scenario", "closeWhenIdle": True},
-        id=workflow_id,
         task_queue=task_queue,
-        result_type=SessionResult,
     )
     seen_first: list[float] = []
     streaming = False
@@ -212,11 +210,8 @@ async def kill_to_resume(
     slow = {"text": ANSWER * 3, "chunk_chars": 4, "delay_ms": 20}  # ~12 s of tokens
     server.script(model, [slow, slow])
     workflow_id = f"kill-{uuid.uuid4().hex[:6]}"
-    await client.start_workflow(
-        "AgentWorkflow",
-        {"model": model, "prompt": "go", "closeWhenIdle": True},
-        id=workflow_id,
-        task_queue=queue,
+    await start_conversation(
+        client, workflow_id, {"model": model, "prompt": "go", "closeWhenIdle": True}, task_queue=queue
     )
     killed_at = retry_seen = tokens_again = 0.0
     try:
@@ -252,13 +247,13 @@ async def concurrency(client: Client, server: ScriptedModelServer, worker_pid: i
         server.script(model, scenario(rounds, first_delay_ms=200))
         started = time.monotonic()
         try:
-            result = await client.execute_workflow(
-                "AgentWorkflow",
+            handle = await start_conversation(
+                client,
+                f"conc-{uuid.uuid4().hex[:8]}",
                 {"model": model, "prompt": "go", "closeWhenIdle": True},
-                id=f"conc-{uuid.uuid4().hex[:8]}",
                 task_queue=TASK_QUEUE,
-                result_type=SessionResult,
             )
+            result = await handle.result()
         except Exception:
             return False, time.monotonic() - started, 0
         ok = result.messages[-1].role == "assistant" and result.messages[-1].stop_reason == "stop"

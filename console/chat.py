@@ -24,7 +24,7 @@ from rich.text import Text
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from config import Config
+from config import Config, start_conversation
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
 from console.stream import follow
@@ -50,7 +50,7 @@ async def chat(client: Client, config: Config, workflow_id: str | None, settings
     transcript, then goes on live from where the transcript ends."""
     if workflow_id is None:
         workflow_id = f"chat-{uuid.uuid4().hex[:8]}"
-        await client.start_workflow("AgentWorkflow", settings, id=workflow_id, task_queue=config.task_queue)
+        await start_conversation(client, workflow_id, settings, task_queue=config.task_queue)
         transcript: list[dict[str, Any]] = []
         offset = 0
     else:

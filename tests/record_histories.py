@@ -23,7 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 
 import activities.builtin_tools  # noqa: F401
 import tests.support.tools  # noqa: F401
-from config import Config, connect
+from config import Config, connect, start_conversation
 from console.stream import follow
 from local_stack import DevServer
 from scripted_model import ScriptedModelServer
@@ -42,8 +42,8 @@ Scenario = Callable[[Client, ScriptedModelServer, str], Awaitable[WorkflowHandle
 
 
 async def start(client: Client, model: str, **input: Any) -> WorkflowHandle[Any, Any]:
-    return await client.start_workflow(
-        "AgentWorkflow", {"model": model, **input}, id=f"rec-{uuid.uuid4().hex[:8]}", task_queue=TASK_QUEUE
+    return await start_conversation(
+        client, f"rec-{uuid.uuid4().hex[:8]}", {"model": model, **input}, task_queue=TASK_QUEUE
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus
 
+from config import WORKFLOW_TASK_TIMEOUT
 from tests.support.stack import EventLog, Stack, outline
 from workflows.models import EventAdapter
 
@@ -96,3 +97,20 @@ async def test_messages_sent_during_switches_are_not_lost(stack: Stack) -> None:
     ]
     await handle.signal("close")
     EventAdapter.validate_python(log.events[0])
+
+
+async def test_every_run_hands_a_dead_workers_task_over_within_4_seconds(stack: Stack) -> None:
+    # A worker that dies holding a workflow task stalls the conversation for
+    # the task timeout: 4 s for conversations started by this project
+    # (the server's default is 10 s), kept by each continued run.
+    stack.model_server.script(stack.model, long_script(4))
+    handle = await stack.start(prompt="count", closeWhenIdle=True, continueAsNewAfterTurns=1)
+    await handle.result()
+    timeouts = []
+    async for execution in stack.client.list_workflows(f"WorkflowId = '{handle.id}'"):
+        description = await stack.client.get_workflow_handle(handle.id, run_id=execution.run_id).describe()
+        timeouts.append(
+            description.raw_description.execution_config.default_workflow_task_timeout.ToSeconds()
+        )
+    assert len(timeouts) >= 3
+    assert set(timeouts) == {WORKFLOW_TASK_TIMEOUT.total_seconds()} == {4}

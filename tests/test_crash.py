@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from config import start_conversation
 from local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
-from workflows.contract import SessionResult
 
 
 class Workers:
@@ -67,12 +67,11 @@ SCRIPT_TOOL_THEN_ANSWER = [
 
 async def run_undisturbed(stack: Stack, workers: Workers) -> list[dict[str, Any]]:
     stack.script(*SCRIPT_TOOL_THEN_ANSWER)
-    handle = await stack.client.start_workflow(
-        "AgentWorkflow",
+    handle = await start_conversation(
+        stack.client,
+        f"crash-ref-{uuid.uuid4().hex[:6]}",
         {"model": stack.model, "prompt": "work slowly", "closeWhenIdle": True},
-        id=f"crash-ref-{uuid.uuid4().hex[:6]}",
         task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
-        result_type=SessionResult,
     )
     return comparable((await handle.result()).messages)
 
@@ -131,23 +130,21 @@ async def test_worker_killed_while_a_tool_runs(
 
 
 async def start_on(stack: Stack, workers: Workers, prompt: str) -> Any:
-    return await stack.client.start_workflow(
-        "AgentWorkflow",
+    return await start_conversation(
+        stack.client,
+        f"crash-{uuid.uuid4().hex[:6]}",
         {"model": stack.model, "prompt": prompt, "closeWhenIdle": True},
-        id=f"crash-{uuid.uuid4().hex[:6]}",
         task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
-        result_type=SessionResult,
     )
 
 
 async def test_worker_killed_while_idle(stack: Stack, workers: Workers) -> None:
     first = workers.start()
-    handle = await stack.client.start_workflow(
-        "AgentWorkflow",
+    handle = await start_conversation(
+        stack.client,
+        f"crash-idle-{uuid.uuid4().hex[:6]}",
         {"model": stack.model, "prompt": "hello"},
-        id=f"crash-idle-{uuid.uuid4().hex[:6]}",
         task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
-        result_type=SessionResult,
     )
     stack.script({"text": "first answer"}, {"text": "second answer"})
     log = EventLog(stack.client, handle.id)

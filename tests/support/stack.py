@@ -9,10 +9,11 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
+from config import start_conversation
 from console.stream import follow
 from local_stack import DevServer
 from scripted_model import ScriptedModelServer
-from workflows.contract import SessionResult, SessionState
+from workflows.contract import SessionState
 from workflows.models import AgentMessage, EventAdapter
 
 _COOLDOWN_MS = 20
@@ -35,12 +36,11 @@ class Stack:
     async def start(self, **input: Any) -> WorkflowHandle[Any, Any]:
         """Start a conversation with this stack's model; camelCase input."""
         workflow_id = f"test-{uuid.uuid4().hex[:10]}"
-        return await self.client.start_workflow(
-            "AgentWorkflow",
+        return await start_conversation(
+            self.client,
+            workflow_id,
             {"model": self.model, **input},
-            id=workflow_id,
             task_queue=self.task_queue,
-            result_type=SessionResult,
         )
 
     async def state(self, handle: WorkflowHandle[Any, Any]) -> SessionState:
