@@ -158,11 +158,20 @@ def kinds(history: Any) -> list[str]:
 
 
 async def test_a_subscriber_between_polls_reads_the_end_before_completion(stack: Stack) -> None:
-    # The subscriber waits 700 ms between polls; the answer ends well within
-    # that, so the conversation is done while the subscriber is not polling.
-    stack.script({"text": "the last words", "first_delay_ms": 150})
+    stack.script({"text": "the last words " * 6, "delay_ms": 20, "chunk_chars": 4})
     handle = await stack.start(prompt="go", closeWhenIdle=True)
-    seen = [data async for _, data in follow(stack.client, handle.id, cooldown_ms=700)]
+    seen: list[dict[str, Any]] = []
+    paused = False
+    async for _, data in follow(stack.client, handle.id):
+        seen.append(data)
+        if data["type"] == "message_update" and not paused:
+            # The first tokens are in: stop polling until the answer has
+            # ended and the conversation waits for this subscriber.
+            paused = True
+            for _ in range(200):
+                if "TIMER_STARTED" in kinds(await handle.fetch_history()):
+                    break
+                await asyncio.sleep(0.05)
     await handle.result()
     assert seen[-1]["type"] == "agent_end"
     assert [e["type"] for e in seen] == [e["type"] for e in await read_events(stack.client, handle.id)]
