@@ -96,13 +96,12 @@ async def run_demo(console: Console) -> int:
         config = Config(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
         client = await connect(config)
         workflow_id = f"demo-{uuid.uuid4().hex[:6]}"
-        await start_conversation(
+        handle = await start_conversation(
             client,
             workflow_id,
             {"prompt": PROMPT, "model": model, "closeWhenIdle": True},
             task_queue=config.task_queue,
         )
-        handle = client.get_workflow_handle(workflow_id)
         renderer = EventRenderer(console)
         steered = killed = False
         assistant_starts = 0

@@ -141,10 +141,16 @@ async def subscriber_at_close(
     # The subscriber is between polls when the answer ends: the conversation
     # waits for its next poll before completing (the linger-for-subscribers
     # patch).
-    server.script(model, [{"text": "the end", "first_delay_ms": 150}])
+    server.script(model, [{"text": "the end " * 8, "delay_ms": 20, "chunk_chars": 4}])
     handle = await start(client, model, prompt="finish", closeWhenIdle=True)
-    async for _ in follow(client, handle.id, cooldown_ms=700):
-        pass
+    paused = False
+    async for _, event in follow(client, handle.id):
+        if event["type"] == "message_update" and not paused:
+            paused = True  # stop reading until the conversation waits for us
+            while not any(
+                e.HasField("timer_started_event_attributes") for e in (await handle.fetch_history()).events
+            ):
+                await asyncio.sleep(0.05)
     await handle.result()
     return handle
 
