@@ -2,9 +2,10 @@
 
     python worker.py [--tools pkg.module ...]
 
-Configured by the environment: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
-TEMPORAL_TASK_QUEUE, AGENT_TOOLS (comma-separated tool modules), AGENT_MODEL,
-OPENAI_BASE_URL and OPENAI_API_KEY (read by the LLM activity at call time).
+Configured by the environment (read once, into ``runtime.settings.Settings``):
+TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_TASK_QUEUE, AGENT_TOOLS
+(comma-separated tool modules), AGENT_MODEL, OPENAI_BASE_URL and
+OPENAI_API_KEY; the README lists the rest.
 """
 
 from __future__ import annotations
@@ -16,27 +17,31 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-import activities.builtin_tools  # noqa: F401  (registers the example tools)
+from activities import builtin_tools
 from activities.context_store import ContextStore, blob_store_from_env
 from activities.llm import LlmActivities
-from activities.session import session_defaults
-from activities.tool_runner import execute_tool
+from activities.session import SessionActivities
+from activities.tool_runner import ToolActivities
+from activities.tools import ToolSpec, declarations, registered_tools
 from config import Config, ServerUnreachable, connect
-from sandbox_runner import workflow_runner
+from runtime.sandbox import workflow_runner
+from runtime.settings import Settings, SettingsError
 from workflows.agent import AgentWorkflow
+from workflows.bindings import BindingsInterceptor, WorkflowBindings
+from workflows.hooks import AgentHooks
 
 
 class ToolModuleError(Exception):
     """A tool module named with --tools or AGENT_TOOLS failed to import."""
 
 
-def load_tool_modules(names: list[str]) -> None:
+def load_tool_modules(names: Sequence[str]) -> None:
     """Import each tool module (its ``@tool`` functions register themselves)."""
     for name in names:
         try:
@@ -50,46 +55,78 @@ def load_tool_modules(names: list[str]) -> None:
 
 def build_worker(
     client: Client,
-    config: Config,
+    settings: Settings,
+    *,
+    hooks: AgentHooks | None = None,
     llm: LlmActivities | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
     workflows: Sequence[type] = (AgentWorkflow,),
 ) -> Worker:
-    """The worker with every workflow and activity of the agent
-    (``workflows``: ``AgentWorkflow`` or subclasses that override its hooks).
+    """The worker with every workflow and activity of the agent.
 
-    A killed worker's cached workflows move to another worker after one
-    second (not the default ten), and heartbeats reach the server at least
-    once a second, so an abort or a dead worker is noticed quickly.
+    ``hooks`` are bound into every conversation this worker runs (workflow
+    code: deterministic, versioned like the workflow). ``tools`` defaults to
+    every registered tool; their declarations are what new conversations
+    record. A killed worker's cached workflows move to another worker after
+    one second (not the default ten), and heartbeats reach the server at
+    least once a second, so an abort or a dead worker is noticed quickly.
     """
+    tools = dict(registered_tools() if tools is None else tools)
+    declared = declarations(tools, set(settings.local_tools))
+    bindings = WorkflowBindings(
+        hooks=hooks or AgentHooks(),
+        argument_shims={
+            name: spec.prepare_arguments for name, spec in tools.items() if spec.prepare_arguments
+        },
+        # Conversations from before declarations were recorded ran every
+        # tool as a plain activity.
+        legacy_tools={d.name: d.model_copy(update={"local": False}) for d in declared},
+        track_subscribers=not settings.sdk_fallbacks,
+    )
     if llm is None:
         blobs = blob_store_from_env()
-        llm = LlmActivities(context_store=ContextStore(blobs) if blobs else None)
+        llm = LlmActivities(
+            api_key=settings.openai_api_key,
+            base_url=settings.openai_base_url,
+            read_timeout=settings.llm_read_timeout,
+            context_store=ContextStore(blobs) if blobs else None,
+            tools=tools,
+        )
+    builtin_tools.set_workspace(settings.workspace)
+    tool_activities = ToolActivities(
+        tools, output_cap=settings.tool_output_cap, output_dir=settings.tool_output_dir
+    )
+    session = SessionActivities(settings.default_model, declared)
     return Worker(
         client,
-        task_queue=config.task_queue,
+        task_queue=settings.task_queue,
         workflows=list(workflows),
-        workflow_runner=workflow_runner(),
-        activities=[llm.stream_assistant_response, execute_tool, session_defaults],
+        workflow_runner=workflow_runner(
+            precompile=settings.sandbox_precompile and not settings.sdk_fallbacks
+        ),
+        activities=[llm.stream_assistant_response, tool_activities.execute_tool, session.session_defaults],
+        interceptors=[BindingsInterceptor(bindings)],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         default_heartbeat_throttle_interval=timedelta(seconds=1),
         graceful_shutdown_timeout=timedelta(seconds=5),
-        max_concurrent_activities=int(os.environ.get("AGENT_MAX_CONCURRENT_ACTIVITIES", "200")),
+        max_concurrent_activities=settings.max_concurrent_activities,
     )
 
 
-async def run_worker(tool_modules: list[str]) -> None:
-    load_tool_modules(tool_modules)
-    config = Config()
-    client = await connect(config)
-    worker = build_worker(client, config)
+async def run_worker(settings: Settings) -> None:
+    load_tool_modules(settings.tool_modules)
+    client = await connect(
+        Config(address=settings.address, namespace=settings.namespace, task_queue=settings.task_queue)
+    )
+    worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with worker:
-        logging.info("Worker polling task queue %r on %s", config.task_queue, config.address)
-        print(f"worker ready: task queue {config.task_queue!r} on {config.address}", flush=True)
+        logging.info("Worker polling task queue %r on %s", settings.task_queue, settings.address)
+        print(f"worker ready: task queue {settings.task_queue!r} on {settings.address}", flush=True)
         await stop.wait()
         logging.info("Shutting down: finishing running activities")
 
@@ -102,14 +139,15 @@ def main(argv: list[str] | None = None) -> None:
         "--tools", action="append", default=[], metavar="MODULE", help="tool module to load (repeatable)"
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
-    )
-    env_modules = [m.strip() for m in os.environ.get("AGENT_TOOLS", "").split(",") if m.strip()]
     code = 0
     try:
-        asyncio.run(run_worker(env_modules + args.tools))
-    except (ServerUnreachable, ToolModuleError, ValueError, ImportError) as err:
+        settings = Settings.from_env()
+        settings = Settings.from_env(
+            tool_modules=(*settings.tool_modules, *args.tools)
+        )  # flags add to AGENT_TOOLS
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+        asyncio.run(run_worker(settings))
+    except (ServerUnreachable, ToolModuleError, SettingsError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         code = 2
     sys.stdout.flush()

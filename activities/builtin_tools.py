@@ -1,12 +1,11 @@
 """Example tools that ship with the worker: a calculator, and a file reader
 and lister confined to a workspace directory (``AGENT_WORKSPACE``, default:
-the worker's working directory)."""
+the worker's working directory; the worker sets it with ``set_workspace``)."""
 
 from __future__ import annotations
 
 import ast
 import operator
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -63,8 +62,17 @@ def _evaluate(node: ast.expr) -> int | float:
     raise ValueError(f"Unsupported element in expression: {ast.unparse(node)!r}")
 
 
+_workspace = Path.cwd().resolve()
+
+
+def set_workspace(path: Path) -> None:
+    """Confine ``read_file`` and ``list_files`` to ``path`` (the worker's setting)."""
+    global _workspace
+    _workspace = path.resolve()
+
+
 def workspace_root() -> Path:
-    return Path(os.environ.get("AGENT_WORKSPACE") or os.getcwd()).resolve()
+    return _workspace
 
 
 def _inside_workspace(path: str) -> Path:

@@ -10,6 +10,12 @@ unsent when the activity ends is returned with its result (``tail``) for the
 workflow to publish, so a fast answer costs no signal at all. The first
 token of a message is sent after ``FIRST_FLUSH_MS`` so that it reaches the
 screen quickly.
+
+Each batch is a signal, and Temporal takes at most 10,000 signals per
+workflow execution: a publisher is given a budget of batches
+(``max_batches``, from the workflow). It spends half at the configured
+interval, then doubles the interval for each half of what is left, so a
+stream of any length stays within budget and keeps streaming, more coarsely.
 """
 
 from __future__ import annotations
@@ -41,10 +47,13 @@ class ActivityEventPublisher:
     seconds, long enough to miss heartbeats. Ours is stopped by a flag.
     """
 
-    def __init__(self, batch_ms: int) -> None:
+    def __init__(self, batch_ms: int, max_batches: int | None = None) -> None:
         self._client = WorkflowStreamClient.from_within_activity()
         self._topic = self._client.topic(EVENTS_TOPIC)
-        self._interval = max(batch_ms, 1) / 1000
+        self._base_interval = max(batch_ms, 1) / 1000
+        self._interval = self._base_interval
+        self._budget = max_batches
+        self.batches = 0
         self._buffer: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
         self._urgent = False
@@ -93,10 +102,25 @@ class ActivityEventPublisher:
                     return
             self._wake.clear()
             self._urgent = False
+            if self._budget is not None and self.batches >= self._budget:
+                return  # out of budget: the rest goes with the result
             await self._send()
+            self._pace()
+
+    def _pace(self) -> None:
+        """Double the interval each time half of the remaining budget is spent."""
+        if self._budget is None:
+            return
+        left, halvings = self._budget, 0
+        while self.batches >= self._budget - left // 2 and left > 1:
+            left //= 2
+            halvings += 1
+        self._interval = self._base_interval * 2**halvings
 
     async def _send(self) -> None:
         batch, self._buffer = self._buffer, []
+        if batch:
+            self.batches += 1
         for event in batch:
             self._topic.publish(event)
         try:

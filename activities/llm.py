@@ -7,7 +7,8 @@ stream, and returns the assembled message.
 
 Errors are classified here: 408/409/429/5xx, timeouts and broken streams are
 retried by Temporal (Retry-After honoured); other 4xx are not. The API key
-is read from the environment at call time and never leaves the worker.
+is the worker's (its settings), passed to the model server at call time; it
+never enters a workflow's history.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import asyncio
 import contextlib
 import email.utils
 import inspect
-import os
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -35,7 +36,7 @@ from activities.openai_chat import (
     reasoning_effort,
     to_openai_messages,
 )
-from activities.tools import registered_tools
+from activities.tools import ToolSpec, registered_tools
 from workflows.contract import LlmRequest, LlmResult
 from workflows.models import AgentMessage, MessageRetryEvent, MessageStartEvent, MessageUpdateEvent
 
@@ -43,6 +44,7 @@ ContextTransform = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitabl
 LlmConverter = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitable[list[AgentMessage]]"]
 
 RETRYABLE_STATUS = {408, 409, 429}
+logger = logging.getLogger(__name__)
 
 
 class LlmActivities:
@@ -57,38 +59,39 @@ class LlmActivities:
     def __init__(
         self,
         *,
+        api_key: str | None = None,
+        base_url: str | None = None,
         transform_context: ContextTransform | None = None,
         convert_to_llm: LlmConverter | None = None,
-        read_timeout: float | None = None,
+        read_timeout: float = 60.0,
         context_store: ContextStore | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
     ) -> None:
+        self._api_key = api_key
+        self._base_url = base_url
         self._transform_context = transform_context
         self._convert_to_llm = convert_to_llm or default_convert_to_llm
-        self._read_timeout = read_timeout or float(os.environ.get("AGENT_LLM_READ_TIMEOUT", "60"))
+        self._read_timeout = read_timeout
         self._context = context_store
+        self._tools = tools
         self._client: openai.AsyncOpenAI | None = None
-        self._client_key: tuple[str | None, str] | None = None
 
     def _openai_client(self) -> openai.AsyncOpenAI:
-        """A client for the current ``OPENAI_BASE_URL``/``OPENAI_API_KEY``
-        (read at call time; the client is reused while they stay the same)."""
-        api_key = os.environ.get("OPENAI_API_KEY")
-        if not api_key:
+        """The client for the worker's model server (made on first use)."""
+        if not self._api_key:
             raise ApplicationError(
                 "OPENAI_API_KEY is not set on the worker: set it (any value for a local "
                 "server such as Ollama or vLLM) and point OPENAI_BASE_URL at the server.",
                 type="ModelConfigError",
                 non_retryable=True,
             )
-        key = (os.environ.get("OPENAI_BASE_URL") or None, api_key)
-        if self._client is None or self._client_key != key:
+        if self._client is None:
             self._client = openai.AsyncOpenAI(
-                base_url=key[0],
-                api_key=api_key,
+                base_url=self._base_url,
+                api_key=self._api_key,
                 max_retries=0,  # Temporal retries, with backoff and Retry-After
                 timeout=openai.Timeout(self._read_timeout, connect=10.0),
             )
-            self._client_key = key
         return self._client
 
     @activity.defn(name="stream_assistant_response")
@@ -98,7 +101,11 @@ class LlmActivities:
         digests, context = await self._context_of(request)
         params = await self._request_params(request, context)
         assembler = StreamAssembler(request.model)
-        async with ActivityEventPublisher(request.stream_batch_ms) as events, heartbeating():
+        budget = request.max_batches >> (info.attempt - 1) if request.max_batches else None
+        publisher = ActivityEventPublisher(
+            request.stream_batch_ms, None if budget is None else max(1, budget)
+        )
+        async with publisher as events, heartbeating():
             if info.attempt > 1:
                 events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
             try:
@@ -148,25 +155,32 @@ class LlmActivities:
 
     async def _request_params(self, request: LlmRequest, context: list[AgentMessage]) -> dict[str, Any]:
         messages: list[AgentMessage] = list(context)
-        if self._transform_context is not None:
-            messages = await _maybe_await(self._transform_context(messages))
-        messages = await _maybe_await(self._convert_to_llm(messages))
+        try:
+            if self._transform_context is not None:
+                messages = await _maybe_await(self._transform_context(messages))
+            messages = await _maybe_await(self._convert_to_llm(messages))
+        except Exception as err:
+            # User code: a failure ends the run with an error message (SPEC §8),
+            # never a retry loop.
+            raise ApplicationError(
+                f"The context transform failed: {type(err).__name__}: {err}",
+                type="ContextHookFailed",
+                non_retryable=True,
+            ) from None
         params: dict[str, Any] = {
             "model": request.model,
             "messages": to_openai_messages(request.system_prompt, messages),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        tools = registered_tools()
+        tools = self._tools if self._tools is not None else registered_tools()
         missing = [n for n in request.tool_names if n not in tools]
         if missing:
-            raise ApplicationError(
-                f"This worker does not register tool(s) {', '.join(missing)}: start it "
-                "with the same --tools modules as the others.",
-                type="ToolNotRegistered",
-            )
-        if request.tool_names:
-            params["tools"] = [tools[n].openai_tool() for n in request.tool_names]
+            # The model is not told of them; a call to one gets a clear error result.
+            logger.warning("Tool(s) %s are not on this worker: the model is not told of them", missing)
+        described = [tools[n].openai_tool() for n in request.tool_names if n in tools]
+        if described:
+            params["tools"] = described
         effort = reasoning_effort(request.thinking_level)
         if effort is not None:
             params["reasoning_effort"] = effort

@@ -8,6 +8,7 @@ import json
 import time
 from typing import Any
 
+from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
 from workflows.models import (
     AgentMessage,
@@ -228,9 +229,11 @@ class StreamAssembler:
                 parsed = json.loads(raw) if raw.strip() else {}
                 if not isinstance(parsed, dict):
                     raise ValueError(f"expected a JSON object, got {type(parsed).__name__}")
+                if nesting_depth(parsed) > MAX_NESTING:
+                    raise ValueError(f"nested deeper than {MAX_NESTING} levels")
                 block.arguments = parsed
-            except ValueError as err:
-                errors[block.id] = f"{err} (received: {raw[:500]})"
+            except (ValueError, RecursionError) as err:
+                errors[block.id] = f"{err or type(err).__name__} (received: {raw[:500]})"
             if not aborted:
                 events.append(
                     {"type": "toolcall_end", "contentIndex": block_index, "toolCall": block.model_dump()}

@@ -1,16 +1,22 @@
 """The ``execute_tool`` activity: runs one tool call.
 
-Arguments arrive already validated by the workflow. A tool's exception
+Arguments arrive validated by the workflow against the tool's recorded
+schema; the tool's own model parses them again here. A tool's exception
 becomes an error result (the model sees the message); a dead worker makes
 the activity time out on its heartbeat and Temporal runs the call again,
-with the same idempotency key.
+with the same idempotency key. A result is made safe to send (text capped
+for the model, details and images bounded, nesting checked) before the
+activity reports the call done, so a result that cannot be sent never
+makes Temporal run the tool's side effect again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,55 +24,158 @@ from temporalio import activity
 
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
-from activities.tools import ToolContext, ToolResult, _current, registered_tools
-from workflows.contract import ToolOutcome, ToolRequest
-from workflows.models import TextContent, ToolExecutionUpdateEvent, UserContent, text_result
+from activities.tools import (
+    ToolArgumentsError,
+    ToolContext,
+    ToolResult,
+    ToolSpec,
+    _current,
+    parse_arguments,
+    registered_tools,
+)
+from workflows.arguments import MAX_NESTING, nesting_depth
+from workflows.contract import ToolRequest
+from workflows.models import (
+    ImageContent,
+    TextContent,
+    ToolExecutionUpdateEvent,
+    ToolOutcome,
+    UserContent,
+    text_result,
+)
+
+DEFAULT_OUTPUT_CAP = 50_000
+# A result's details (for clients, not the model) and images above this
+# many bytes of JSON are replaced by a note: the workflow keeps every
+# result in its transcript, its history and every continue-as-new.
+MAX_RESULT_BYTES = 1_000_000
 
 
-@activity.defn(name="execute_tool")
-async def execute_tool(request: ToolRequest) -> ToolOutcome:
-    call = request.tool_call
-    spec = registered_tools().get(call.name)
-    if spec is None:
-        return _error(f"Tool {call.name} is not registered on this worker.")
-    info = activity.info()
-    args = spec.args_model.model_validate(call.arguments)
-    async with ActivityEventPublisher(request.stream_batch_ms) as events, heartbeating():
+class ToolActivities:
+    """Runs tool calls; register ``ToolActivities(...).execute_tool``.
 
-        def publish_progress(partial: Any) -> None:
-            events.publish(
-                ToolExecutionUpdateEvent(
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    args=call.arguments,
-                    partial_result=_as_result_json(partial),
-                ),
-                flush=True,
+    ``output_cap`` characters of a result's text go to the model; the full
+    text is written under ``output_dir`` (mode 0600) and its path put in
+    ``details``.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, ToolSpec] | None = None,
+        *,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+        output_dir: Path = Path(".agent-data/tool-output"),
+    ) -> None:
+        self._tools = tools
+        self._output_cap = output_cap
+        self._output_dir = output_dir.resolve()
+
+    @activity.defn(name="execute_tool")
+    async def execute_tool(self, request: ToolRequest) -> ToolOutcome:
+        call = request.tool_call
+        tools = self._tools if self._tools is not None else registered_tools()
+        spec = tools.get(call.name)
+        if spec is None:
+            return _error(
+                f"Tool {call.name} is not available on this worker: it was removed or renamed "
+                "after this conversation started."
             )
-
-        token = _current.set(
-            ToolContext(
-                tool_call_id=call.id,
-                tool_name=call.name,
-                arguments=call.arguments,
-                workflow_id=info.workflow_id or "",
-                activity_id=info.activity_id,
-                attempt=info.attempt,
-                idempotency_key=f"{info.workflow_id}/{info.activity_id}",
-                publish_progress=publish_progress,
-            )
-        )
         try:
-            outcome = cap_output(
-                _as_outcome(await spec.function(args)), f"{info.workflow_id}/{info.activity_id}"
+            args = parse_arguments(spec, call.arguments)
+        except ToolArgumentsError as err:
+            return _error(str(err))
+        info = activity.info()
+        key = request.idempotency_key or f"{info.workflow_id}/{info.activity_id}"
+        budget = request.max_batches >> (info.attempt - 1) if request.max_batches else None
+        async with ActivityEventPublisher(
+            request.stream_batch_ms, None if budget is None else max(1, budget)
+        ) as events:
+            async with heartbeating():
+
+                def publish_progress(partial: Any) -> None:
+                    events.publish(
+                        ToolExecutionUpdateEvent(
+                            tool_call_id=call.id,
+                            tool_name=call.name,
+                            args=call.arguments,
+                            partial_result=_as_result_json(partial),
+                        ),
+                        flush=True,
+                    )
+
+                token = _current.set(
+                    ToolContext(
+                        tool_call_id=call.id,
+                        tool_name=call.name,
+                        arguments=call.arguments,
+                        workflow_id=info.workflow_id or "",
+                        activity_id=info.activity_id,
+                        attempt=info.attempt,
+                        idempotency_key=key,
+                        publish_progress=publish_progress,
+                    )
+                )
+                try:
+                    outcome = self._bounded(_as_outcome(await spec.function(args)), key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # the model sees the failure as an error result
+                    outcome = _error(str(err) or type(err).__name__)
+                finally:
+                    _current.reset(token)
+        return outcome.model_copy(update={"events": events.tail})
+
+    def _bounded(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
+        """The outcome, safe to send and to keep in the transcript."""
+        outcome = self.cap_output(outcome, key)
+        notes: dict[str, Any] = {}
+        details = outcome.details
+        if nesting_depth(details) > MAX_NESTING or _json_size(details) > MAX_RESULT_BYTES:
+            notes["details"] = (
+                f"The tool's details were dropped: more than {MAX_RESULT_BYTES:,} bytes of JSON "
+                f"or nested deeper than {MAX_NESTING} levels."
             )
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # the model sees the failure as an error result
-            outcome = _error(str(err) or type(err).__name__)
-        finally:
-            _current.reset(token)
-    return outcome.model_copy(update={"events": events.tail})
+            details = {}
+        content = list(outcome.content)
+        images = [c for c in content if isinstance(c, ImageContent)]
+        if sum(len(i.data) for i in images) > MAX_RESULT_BYTES:
+            content = [c for c in content if not isinstance(c, ImageContent)]
+            content.append(
+                TextContent(text=f"[{len(images)} image(s) dropped: more than {MAX_RESULT_BYTES:,} bytes.]")
+            )
+        if notes:
+            details = {**(details if isinstance(details, dict) else {"details": details}), "notes": notes}
+        bounded = outcome.model_copy(update={"content": content, "details": details})
+        try:
+            bounded.model_dump_json()
+        except (ValueError, TypeError) as err:
+            return _error(f"The tool's result could not be encoded as JSON: {err}")
+        return bounded
+
+    def cap_output(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
+        """Keep at most ``output_cap`` characters of text for the model, with
+        a note saying so; the full output goes to a file named in ``details``."""
+        cap = self._output_cap
+        full = "".join(c.text for c in outcome.content if isinstance(c, TextContent))
+        if len(full) <= cap:
+            return outcome
+        path = self._output_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:200] + ".txt")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as file:
+            file.write(full)
+        kept: list[UserContent] = [c for c in outcome.content if not isinstance(c, TextContent)]
+        kept.insert(
+            0,
+            TextContent(
+                text=full[:cap] + f"\n[Output truncated: {len(full)} characters, the first {cap} are "
+                "shown. Ask for a smaller part (a line range, a filter) to see the rest.]"
+            ),
+        )
+        details = outcome.details if isinstance(outcome.details, dict) else {"details": outcome.details}
+        return outcome.model_copy(
+            update={"content": kept, "details": {**details, "fullOutputPath": str(path)}}
+        )
 
 
 def _as_outcome(returned: Any) -> ToolOutcome:
@@ -99,25 +208,8 @@ def _error(text: str) -> ToolOutcome:
     return ToolOutcome(content=text_result(text), is_error=True)
 
 
-def cap_output(outcome: ToolOutcome, key: str) -> ToolOutcome:
-    """Keep at most ``AGENT_TOOL_OUTPUT_CAP`` characters of text (default
-    50,000) for the model, with a note saying so. The full output is saved
-    under ``AGENT_TOOL_OUTPUT_DIR`` and its path put in ``details``."""
-    cap = int(os.environ.get("AGENT_TOOL_OUTPUT_CAP", "50000"))
-    full = "".join(c.text for c in outcome.content if isinstance(c, TextContent))
-    if len(full) <= cap:
-        return outcome
-    path = Path(os.environ.get("AGENT_TOOL_OUTPUT_DIR", ".agent-data/tool-output"))
-    path = path.resolve() / (re.sub(r"[^A-Za-z0-9_.-]", "_", key) + ".txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(full)
-    kept: list[UserContent] = [c for c in outcome.content if not isinstance(c, TextContent)]
-    kept.insert(
-        0,
-        TextContent(
-            text=full[:cap] + f"\n[Output truncated: {len(full)} characters, the first {cap} are "
-            "shown. Ask for a smaller part (a line range, a filter) to see the rest.]"
-        ),
-    )
-    details = outcome.details if isinstance(outcome.details, dict) else {"details": outcome.details}
-    return outcome.model_copy(update={"content": kept, "details": {**details, "fullOutputPath": str(path)}})
+def _json_size(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False, default=str))
+    except (ValueError, TypeError, RecursionError):
+        return MAX_RESULT_BYTES + 1

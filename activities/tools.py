@@ -10,9 +10,11 @@
     async def read_file(args: Args) -> str: ...
 
 A tool is registered by importing its module in the worker (``--tools
-pkg.module``). The workflow reads the registry (it is passed through the
-sandbox) to validate arguments before any activity is scheduled; each call
-then runs as one ``execute_tool`` activity.
+pkg.module``). When a conversation starts, the worker's tool declarations
+(name, description, JSON schema, execution mode, timeout, approval, local)
+are recorded in its history; the workflow validates each call against the
+recorded schema before any activity is scheduled, and each call then runs
+as one ``execute_tool`` activity, validated again by the tool's model.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError
 
-from workflows.models import UserContent
+from workflows.models import ToolDeclaration, UserContent
 
 ExecutionMode = Literal["sequential", "parallel"]
 ToolFunction = Callable[[Any], Awaitable["str | ToolResult"]]
@@ -60,6 +62,22 @@ class ToolSpec:
     label: str | None = None
     timeout: timedelta = timedelta(minutes=5)
     prepare_arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    requires_approval: bool = False
+    local: bool = False
+
+    def declaration(self, *, local: bool | None = None) -> ToolDeclaration:
+        """What the workflow records of this tool (``local`` overrides the
+        tool's own flag, from the worker's ``AGENT_LOCAL_TOOLS``)."""
+        return ToolDeclaration(
+            name=self.name,
+            description=self.description,
+            parameters=self.parameters_schema(),
+            execution_mode=self.execution_mode,
+            timeout_seconds=self.timeout.total_seconds(),
+            requires_approval=self.requires_approval,
+            local=self.local if local is None else local,
+            label=self.label,
+        )
 
     def parameters_schema(self) -> dict[str, Any]:
         return _schema(self.args_model)
@@ -93,11 +111,15 @@ def tool(
     label: str | None = None,
     timeout: timedelta = timedelta(minutes=5),
     prepare_arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    requires_approval: bool = False,
+    local: bool = False,
 ) -> Callable[[ToolFunction], ToolFunction]:
     """Register ``async def name(args: SomeModel) -> str | ToolResult`` as a tool.
 
     ``prepare_arguments`` is a compatibility shim run (in the workflow, so it
     must be deterministic) on the raw arguments before validation.
+    ``requires_approval`` makes every call wait for a person's decision
+    (update ``approve_tool``). ``local`` runs calls as local activities.
     """
     if execution_mode not in (None, "sequential", "parallel"):
         raise ValueError(f"execution_mode must be None, 'sequential' or 'parallel', not {execution_mode!r}.")
@@ -126,6 +148,8 @@ def tool(
             label=label,
             timeout=timeout,
             prepare_arguments=prepare_arguments,
+            requires_approval=requires_approval,
+            local=local,
         )
         return function
 
@@ -135,6 +159,16 @@ def tool(
 def registered_tools() -> dict[str, ToolSpec]:
     """All registered tools by name (a copy)."""
     return dict(_registry)
+
+
+def declarations(tools: dict[str, ToolSpec], local: set[str] | None = None) -> list[ToolDeclaration]:
+    """The declarations a conversation records; ``local`` names tools made
+    local by the worker's setting (``{"*"}``: all)."""
+    local = local or set()
+    return [
+        spec.declaration(local=True if ("*" in local or name in local) else None)
+        for name, spec in sorted(tools.items())
+    ]
 
 
 def unregister(name: str) -> None:
@@ -181,15 +215,13 @@ class ToolArgumentsError(ValueError):
     """Arguments that failed validation; the message is shown to the model."""
 
 
-def validate_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Validate raw arguments against the tool's model (pure, deterministic).
-
-    Returns the arguments as the tool will see them (defaults applied), or
-    raises ``ToolArgumentsError`` with pi's message format.
-    """
+def parse_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
+    """The tool's argument model from arguments the workflow already
+    validated against the recorded schema (and shimmed); a mismatch between
+    that schema and this worker's model raises ``ToolArgumentsError`` with
+    pi's message format."""
     try:
-        prepared = spec.prepare_arguments(arguments) if spec.prepare_arguments else arguments
-        model = spec.args_model.model_validate(prepared)
+        return spec.args_model.model_validate(arguments)
     except ValidationError as err:
         problems = "\n".join(
             f"  - {'.'.join(str(p) for p in e['loc']) or 'root'}: {e['msg']}" for e in err.errors()
@@ -198,7 +230,6 @@ def validate_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, A
             f'Validation failed for tool "{spec.name}":\n{problems}\n\n'
             f"Received arguments:\n{json.dumps(arguments, indent=2)}"
         ) from None
-    return model.model_dump(mode="json")
 
 
 __all__ = [
@@ -208,10 +239,11 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "ToolSpec",
+    "declarations",
+    "parse_arguments",
     "registered_tools",
     "report_progress",
     "tool",
     "tool_context",
     "unregister",
-    "validate_arguments",
 ]

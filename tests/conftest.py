@@ -4,6 +4,7 @@ and a real worker process, started once per test session."""
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ from scripted_model import ScriptedModelServer
 from tests.support.stack import Stack
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+# Outside the tools' workspace (the project), as the worker insists.
+DATA = Path(tempfile.gettempdir()) / f"durable-agent-tests-{os.getuid()}"
 
 
 @pytest.fixture(scope="session")
@@ -49,8 +52,8 @@ def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifac
         "AGENT_LLM_READ_TIMEOUT": "3",
         "AGENT_TEST_LEDGER": str(artifacts / "ledger.txt"),
         "AGENT_WORKSPACE": str(Path(__file__).resolve().parent.parent),
-        "AGENT_TOOL_OUTPUT_DIR": str(artifacts / "tool-output"),
-        "AGENT_STORAGE_DIR": str(artifacts / "payloads"),
+        "AGENT_TOOL_OUTPUT_DIR": str(DATA / "tool-output"),
+        "AGENT_STORAGE_DIR": str(DATA / "payloads"),
     }
 
 
@@ -76,5 +79,5 @@ async def stack(
 
 
 # Clients in this process read large payloads from the same store as the worker.
-os.environ.setdefault("AGENT_TOOL_OUTPUT_DIR", str(ARTIFACTS / "tool-output"))
-os.environ.setdefault("AGENT_STORAGE_DIR", str(ARTIFACTS / "payloads"))
+os.environ.setdefault("AGENT_TOOL_OUTPUT_DIR", str(DATA / "tool-output"))
+os.environ.setdefault("AGENT_STORAGE_DIR", str(DATA / "payloads"))

@@ -1,6 +1,6 @@
-"""The overridable workflow hooks: before/after tool call and
-should-stop-after-turn, in a subclass of ``AgentWorkflow`` run by an
-in-process worker on its own task queue."""
+"""Hooks by composition: a hooks object handed to the worker
+(``build_worker(..., hooks=...)``) runs in every conversation of that
+worker, on its own task queue; a hook that raises never wedges one."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from temporalio.client import Client
 
 import activities.builtin_tools  # noqa: F401  (registers the example tools)
 import tests.support.tools  # noqa: F401  (registers the test tools)
-from config import Config
+from runtime.settings import Settings
 from scripted_model import ScriptedModelServer
-from tests.support.guarded_workflow import GuardedAgentWorkflow
+from tests.support.guarded_hooks import GuardedHooks
 from worker import build_worker
 from workflows.contract import SessionResult
 
@@ -23,19 +23,15 @@ TASK_QUEUE = "agent-hooks"
 
 
 @pytest.fixture
-async def hook_worker(
-    client: Client, worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[None]:
-    for key in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENT_MODEL"):
-        monkeypatch.setenv(key, worker_env[key])
-    worker = build_worker(client, Config(task_queue=TASK_QUEUE), workflows=[GuardedAgentWorkflow])
-    async with worker:
+async def hook_worker(client: Client, worker_env: dict[str, str]) -> AsyncIterator[None]:
+    settings = Settings.from_env(worker_env, task_queue=TASK_QUEUE)
+    async with build_worker(client, settings, hooks=GuardedHooks()):
         yield
 
 
 async def run_guarded(client: Client, model: str, prompt: str) -> SessionResult:
     return await client.execute_workflow(
-        "GuardedAgentWorkflow",
+        "AgentWorkflow",
         {"model": model, "prompt": prompt, "closeWhenIdle": True},
         id=f"hooks-{uuid.uuid4().hex[:8]}",
         task_queue=TASK_QUEUE,
@@ -65,13 +61,29 @@ async def test_before_hook_blocks_a_call_and_after_hook_replaces_fields(
     assert rewritten.content[0].text == "redacted" and rewritten.details == {"redacted": True}
 
 
-async def test_after_hook_failure_becomes_an_error_result(
+async def test_hook_failures_become_error_results(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:
     model = f"hooks-{uuid.uuid4().hex[:6]}"
-    model_server.script(model, [{"tool_calls": [call("h1", "sequential_echo", text="x")]}, {"text": "ok"}])
+    model_server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("h1", "sequential_echo", text="x"),
+                    call("h2", "calculator", expression="1"),
+                ]
+            },
+            {"tool_calls": [call("h3", "sequential_echo", text="fail-before")]},
+            {"text": "ok"},
+        ],
+    )
     result = await run_guarded(client, model, "go")
-    assert result.messages[2].is_error and result.messages[2].content[0].text == "after hook failed"
+    by_id = {m.tool_call_id: m for m in result.messages if m.role == "toolResult"}
+    assert by_id["h1"].is_error and by_id["h1"].content[0].text == "after hook failed"
+    assert not by_id["h2"].is_error
+    assert by_id["h3"].is_error and by_id["h3"].content[0].text == "before hook failed"
+    assert result.messages[-1].text == "ok"
 
 
 async def test_should_stop_after_turn_hook_ends_the_run(
@@ -82,3 +94,25 @@ async def test_should_stop_after_turn_hook_ends_the_run(
     result = await run_guarded(client, model, "go")
     assert [m.role for m in result.messages] == ["user", "assistant", "toolResult"]
     assert len(model_server.requests(model)) == 1
+
+
+async def test_a_failing_stop_hook_ends_the_run_and_the_next_prompt_works(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(model, [{"text": "fail-stop"}, {"text": "recovered"}])
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go"},
+        id=f"hooks-{uuid.uuid4().hex[:8]}",
+        task_queue=TASK_QUEUE,
+        result_type=SessionResult,
+    )
+    idle = await handle.execute_update("wait_for_idle", result_type=dict)
+    assert idle["stopReason"] == "error"
+    assert "stop hook failed" in idle["messages"][-1]["errorMessage"]
+    await handle.execute_update("prompt", "again")
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+    result = await handle.result()
+    assert result.messages[-1].text == "recovered"

@@ -10,11 +10,13 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-import activities.builtin_tools  # noqa: F401  (the registry the recordings saw)
+import activities.builtin_tools  # noqa: F401  (the registry the legacy recordings saw)
 import tests.support.tools  # noqa: F401
-from sandbox_runner import workflow_runner
+from activities.tools import declarations, registered_tools
+from runtime.sandbox import workflow_runner
 from storage import data_converter_from_env
 from workflows.agent import AgentWorkflow
+from workflows.bindings import BindingsInterceptor, WorkflowBindings
 
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
 
@@ -34,9 +36,13 @@ def test_there_are_recorded_histories() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_recorded_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
+    # Histories recorded before tool declarations were recorded replay with
+    # the registry they saw; newer ones need nothing from the worker.
+    legacy = {d.name: d for d in declarations(registered_tools())}
     replayer = Replayer(
         workflows=[AgentWorkflow],
         data_converter=data_converter_from_env(),
         workflow_runner=workflow_runner(),  # the worker's sandbox
+        interceptors=[BindingsInterceptor(WorkflowBindings(legacy_tools=legacy))],
     )
     await replayer.replay_workflow(history)

@@ -9,36 +9,48 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
+    QueueMode,
+    QueueName,
+    RunState,
+    StopReason,
     ToolCall,
+    ToolDeclaration,
+    ToolOutcome,
     Usage,
-    UserContent,
     WireModel,
 )
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
-QueueMode = Literal["one-at-a-time", "all"]
 ToolExecutionMode = Literal["parallel", "sequential"]
+Status = Literal["idle", "running", "awaiting-approval", "closed"]
 
 
-class SessionSettings(WireModel):
-    """What a conversation runs with; every field is optional in the JSON."""
+class AgentSettings(WireModel):
+    """What ``configure`` may change at any time (pi's Agent setters)."""
 
     system_prompt: str | None = None
-    model: str | None = None
+    model: str | None = Field(default=None, min_length=1)
     thinking_level: ThinkingLevel = "off"
     tools: list[str] | None = None
+    """Names of the tools the model may call (None: every tool the worker declared)."""
     tool_execution: ToolExecutionMode = "parallel"
     steering_mode: QueueMode = "one-at-a-time"
     follow_up_mode: QueueMode = "one-at-a-time"
     max_turns: int | None = Field(default=None, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost: float | None = Field(default=None, gt=0)
+    approval_timeout_seconds: float | None = Field(default=None, gt=0)
+
+
+class SessionSettings(AgentSettings):
+    """What a conversation runs with; every field is optional in the JSON."""
+
     close_when_idle: bool = False
     continue_as_new_after_turns: int | None = Field(default=None, ge=1)
     stream_batch_ms: int = Field(default=100, ge=1, le=10_000)
@@ -49,19 +61,20 @@ class SessionSettings(WireModel):
 class SessionInput(SessionSettings):
     """Start input of ``AgentWorkflow``."""
 
-    prompt: str | AgentMessage | None = None
+    prompt: str | AgentMessage | list[str | AgentMessage] | None = None
     messages: list[AgentMessage] = Field(default_factory=list)
     carry: SessionCarry | None = None
+    """Internal: the state a continue-as-new hands over. Refused on a start."""
 
 
-class RunState(WireModel):
-    """Where a run is, at a turn boundary: enough to resume it in a new run
-    of the workflow after continue-as-new."""
+class PendingRun(WireModel):
+    """A run accepted but not started yet (a prompt, or a message that
+    arrived while idle), carried if the session continues as new first."""
 
-    started_at_message: int
-    turns: int = 0
-    has_more_tool_calls: bool = False
-    stop_requested: bool = False
+    prompts: list[AgentMessage] = Field(default_factory=list)
+    skip_initial_steering: bool = False
+    from_continue: bool = False
+    queue: QueueName | None = None
 
 
 class SessionCarry(WireModel):
@@ -77,12 +90,22 @@ class SessionCarry(WireModel):
     context_length: int = 0
     stream: WorkflowStreamState | None = None
     continued_runs: int = 0
+    tools: list[ToolDeclaration] | None = None
+    """The tool declarations recorded when the conversation started."""
+    abort_requested: bool = False
+    closing: bool = False
+    pending: PendingRun | None = None
+    error_message: str | None = None
+    last_stop_reason: StopReason | None = None
+    last_run_start: int = 0
 
 
 class SessionDefaults(WireModel):
-    """Defaults taken from the worker when a conversation starts."""
+    """What a conversation records from the worker when it starts: the
+    default model and every tool the worker declares."""
 
     model: str
+    tools: list[ToolDeclaration] | None = None
 
 
 class PromptResult(WireModel):
@@ -94,12 +117,43 @@ class PromptResult(WireModel):
     event_offset: int
 
 
-class SessionState(WireModel):
-    """Result of the ``state`` query."""
+class WaitForIdleResult(WireModel):
+    """Returned by ``wait_for_idle`` (pi's ``waitForIdle()``)."""
 
-    status: Literal["idle", "running", "closed"]
+    runs: int
+    stop_reason: StopReason | None = None
+    """How the last run ended (None: no run yet)."""
+    messages: list[AgentMessage] = Field(default_factory=list)
+    """The last run's new messages."""
+
+
+class PendingApproval(WireModel):
+    """A tool call waiting for a person's decision."""
+
+    tool_call_id: str
+    tool_name: str
+    args: Any
+    reason: str
+
+
+class ApprovalRequest(WireModel):
+    """The argument of ``approve_tool``."""
+
+    tool_call_id: str
+    approved: bool
+    reason: str | None = None
+
+
+class SessionState(AgentSettings):
+    """Result of the ``state`` query: the session and the settings in force."""
+
+    status: Status
     is_streaming: bool
+    """A run is active (from ``agent_start`` to ``agent_end``, tool batches included)."""
+    streaming_message: AssistantMessage | None = None
+    """The assistant message the model is streaming right now, as far as it got."""
     pending_tool_calls: list[str]
+    pending_approvals: list[PendingApproval] = Field(default_factory=list)
     error_message: str | None = None
     message_count: int
     steering_queue: int
@@ -107,7 +161,7 @@ class SessionState(WireModel):
     turns: int
     runs: int
     usage: Usage
-    model: str
+    model: str | None = None
     event_offset: int
 
 
@@ -134,6 +188,9 @@ class LlmRequest(WireModel):
     context_length: int = 0
     turn: int
     stream_batch_ms: int = 100
+    max_batches: int | None = None
+    """The most event batches (signals) this call may publish; the rest
+    is returned with the result."""
 
 
 class LlmResult(WireModel):
@@ -155,23 +212,33 @@ class ToolRequest(WireModel):
 
     tool_call: ToolCall
     stream_batch_ms: int = 100
-
-
-class ToolOutcome(WireModel):
-    """A finalized tool result, before it becomes a ``ToolResultMessage``."""
-
-    content: list[UserContent]
-    details: Any = None
-    is_error: bool = False
-    terminate: bool = False
-    events: list[dict[str, Any]] = Field(default_factory=list)
-    """Stream events the tool activity did not send itself (progress); the
-    workflow publishes them. Not part of the result the model or hooks see."""
-
-    @field_validator("details", mode="before")
-    @classmethod
-    def _details_default(cls, value: Any) -> Any:
-        return {} if value is None else value
+    idempotency_key: str | None = None
+    """Unique per call in the conversation, across continue-as-new (None:
+    derived from the workflow and activity ids, as before)."""
+    max_batches: int | None = None
 
 
 SessionInput.model_rebuild()
+
+__all__ = [
+    "AgentSettings",
+    "ApprovalRequest",
+    "LlmRequest",
+    "LlmResult",
+    "PendingApproval",
+    "PendingRun",
+    "PromptResult",
+    "QueueMode",
+    "RunState",
+    "SessionCarry",
+    "SessionDefaults",
+    "SessionInput",
+    "SessionResult",
+    "SessionSettings",
+    "SessionState",
+    "ThinkingLevel",
+    "ToolDeclaration",
+    "ToolExecutionMode",
+    "ToolOutcome",
+    "WaitForIdleResult",
+]

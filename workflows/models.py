@@ -18,6 +18,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     Tag,
     TypeAdapter,
+    field_validator,
     model_serializer,
 )
 from pydantic.alias_generators import to_camel
@@ -114,6 +115,8 @@ class Usage(WireModel):
 
 
 StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]
+QueueName = Literal["steering", "followUp"]
+QueueMode = Literal["one-at-a-time", "all"]
 
 
 class UserMessage(WireModel):
@@ -179,6 +182,54 @@ def text_result(text: str) -> list[UserContent]:
     return [TextContent(text=text)]
 
 
+# --- tools -------------------------------------------------------------------
+
+
+class ToolDeclaration(WireModel):
+    """What the workflow knows of a tool: recorded in the conversation's
+    history when it starts (never looked up in the worker's registry), so
+    every worker replays the conversation's decisions the same way."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    """The arguments' JSON schema (validated in the workflow)."""
+    execution_mode: Literal["sequential", "parallel"] | None = None
+    """``sequential`` makes every batch that calls this tool sequential."""
+    timeout_seconds: float = 300.0
+    requires_approval: bool = False
+    local: bool = False
+    """Run as a local activity, in the workflow task that scheduled it."""
+    label: str | None = None
+
+
+class ToolOutcome(WireModel):
+    """A finalized tool result, before it becomes a ``ToolResultMessage``."""
+
+    content: list[UserContent]
+    details: Any = None
+    is_error: bool = False
+    terminate: bool = False
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    """Stream events the tool activity did not send itself (progress); the
+    workflow publishes them. Not part of the result the model or hooks see."""
+
+    @field_validator("details", mode="before")
+    @classmethod
+    def _details_default(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+class RunState(WireModel):
+    """Where a run is, at a turn boundary: enough to resume it in a new run
+    of the workflow after continue-as-new."""
+
+    started_at_message: int
+    turns: int = 0
+    has_more_tool_calls: bool = False
+    stop_requested: bool = False
+
+
 # --- events -------------------------------------------------------------------
 
 
@@ -203,11 +254,14 @@ class TurnEndEvent(WireModel):
 
 class MessageStartEvent(WireModel):
     """Start of a message. For an assistant message streamed by the model it
-    carries the (empty) partial message and the LLM attempt number."""
+    carries the (empty) partial message and the LLM attempt number; for a
+    user message taken from a queue, which queue (``steering`` or
+    ``followUp``) it came from."""
 
     type: Literal["message_start"] = "message_start"
     message: AgentMessage
     attempt: int | None = None
+    queue: QueueName | None = None
 
 
 class MessageUpdateEvent(WireModel):
@@ -244,6 +298,16 @@ class ToolExecutionUpdateEvent(WireModel):
     partial_result: Any
 
 
+class ToolApprovalRequestEvent(WireModel):
+    """A tool call waits for a person's decision (update ``approve_tool``)."""
+
+    type: Literal["tool_approval_request"] = "tool_approval_request"
+    tool_call_id: str
+    tool_name: str
+    args: Any
+    reason: str
+
+
 class ToolExecutionEndEvent(WireModel):
     type: Literal["tool_execution_end"] = "tool_execution_end"
     tool_call_id: str
@@ -263,6 +327,7 @@ AgentEvent = Annotated[
     | MessageRetryEvent
     | ToolExecutionStartEvent
     | ToolExecutionUpdateEvent
+    | ToolApprovalRequestEvent
     | ToolExecutionEndEvent,
     Field(discriminator="type"),
 ]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from workflows.contract import QueueMode
-from workflows.models import AgentMessage
+from workflows.models import AgentMessage, QueueMode
 
 
 class MessageQueue:
@@ -24,6 +23,11 @@ class MessageQueue:
             drained, self._messages = self._messages, []
             return drained
         return [self._messages.pop(0)]
+
+    def clear(self) -> list[AgentMessage]:
+        """Remove and return every queued message, oldest first."""
+        removed, self._messages = self._messages, []
+        return removed
 
     def snapshot(self) -> list[AgentMessage]:
         return list(self._messages)

@@ -23,8 +23,8 @@ from temporalio.converter import (
 )
 from temporalio.worker import Worker
 
-import sandbox_runner
-from sandbox_runner import PrecompiledSandboxedWorkflowRunner, workflow_runner
+import runtime.sandbox as sandbox_runner
+from runtime.sandbox import PrecompiledSandboxedWorkflowRunner, workflow_runner
 
 
 @workflow.defn(sandboxed=True)

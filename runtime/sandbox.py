@@ -16,10 +16,12 @@ each measured in the benchmark (bench/README.md):
    ``.pyc`` (PYTHONDONTWRITEBYTECODE=1) that compiles the module's source
    every time. Here the compiled code is shared per (path, source).
 
-Every restriction of the sandbox holds (tests/test_sandbox_runner.py). The
+Every restriction of the sandbox holds (tests/test_sandbox.py). The
 overrides touch private parts of the SDK, so they apply only to the
-temporalio version they were read against; any other version gets the
-stock runner (correct, just slower) and a warning. AGENT_SANDBOX_PRECOMPILE=off
+temporalio version they were read against; any other version (or private
+names gone) gets the stock runner (correct, just slower) and a warning.
+This module is the project's only use of private SDK names.
+AGENT_SANDBOX_PRECOMPILE=off (or AGENT_SDK_FALLBACKS=on, which CI runs)
 turns them all off by hand.
 """
 
@@ -29,7 +31,6 @@ import functools
 import importlib.abc
 import importlib.machinery
 import logging
-import os
 import sys
 import threading
 from importlib.metadata import version
@@ -38,13 +39,28 @@ from typing import Any, ClassVar
 
 import temporalio.workflow
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
-from temporalio.worker.workflow_sandbox import (
-    SandboxedWorkflowRunner,
-    SandboxRestrictions,
-    _runner,  # private: see the module docstring
-)
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 SUPPORTED_SDK = "1.35.0"
+
+
+def _private_instance_class() -> Any:
+    """The SDK's private sandboxed instance class, or None when this is not
+    the SDK version the overrides were read against or its names are gone."""
+    if version("temporalio") != SUPPORTED_SDK:
+        return None
+    try:
+        from temporalio.worker.workflow_sandbox import _runner  # private: see the module docstring
+    except ImportError:
+        return None
+    instance = getattr(_runner, "_Instance", None)
+    needed = ("_run_code", "activate", "get_serialization_context", "get_external_store_context")
+    if instance is None or not all(hasattr(instance, name) for name in needed):
+        return None
+    return instance
+
+
+_SdkInstance = _private_instance_class()
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +133,7 @@ def _compiled(source: str) -> Any:
     return compile(source, "<temporal sandbox>", "exec")
 
 
-class _PrecompiledInstance(_runner._Instance):
+class _PrecompiledInstance(_SdkInstance or object):  # type: ignore[misc]
     """The SDK's sandboxed instance, with its glue compiled once and the
     payload contexts of one workflow task looked up once.
 
@@ -128,6 +144,10 @@ class _PrecompiledInstance(_runner._Instance):
     change only inside ``activate``: so answers are kept from the end of one
     activation to the start of the next.
     """
+
+    # Attributes of the SDK's instance that the overrides use.
+    globals_and_locals: dict[str, Any]
+    _current_thread_id: int | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._contexts: dict[tuple[str, Any], Any] = {}
@@ -174,21 +194,23 @@ class PrecompiledSandboxedWorkflowRunner(SandboxedWorkflowRunner):
         return _PrecompiledInstance(det, self.runner_class, self.restrictions)
 
 
-def workflow_runner() -> SandboxedWorkflowRunner:
+def workflow_runner(precompile: bool = True) -> SandboxedWorkflowRunner:
     """The sandbox the worker runs workflows in: the SDK's default
     restrictions (the workflow modules pass their pure data-model imports
     through themselves). Passing every module through would not be faster per
     turn (measured) and would let a module-level ``from datetime import
-    datetime`` escape the wall-clock restriction.
+    datetime`` escape the wall-clock restriction. ``precompile=False`` (or
+    another temporalio version) gives the SDK's stock sandbox.
     """
     restrictions = SandboxRestrictions.default
-    if os.environ.get("AGENT_SANDBOX_PRECOMPILE", "").strip().lower() == "off":
+    if not precompile:
         return SandboxedWorkflowRunner(restrictions=restrictions)
-    if version("temporalio") == SUPPORTED_SDK and hasattr(_runner._Instance, "_run_code"):
+    if _SdkInstance is not None:
         _install_code_cache()
         return PrecompiledSandboxedWorkflowRunner(restrictions=restrictions)
     log.warning(
-        "temporalio %s is not %s: using the stock workflow sandbox (slower per workflow task)",
+        "temporalio %s is not %s (or its sandbox internals moved): using the stock workflow "
+        "sandbox (slower per workflow task)",
         version("temporalio"),
         SUPPORTED_SDK,
     )

@@ -1,0 +1,1 @@
+"""The worker's internals: settings, payload codec and storage, the sandbox."""

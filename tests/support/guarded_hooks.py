@@ -1,0 +1,35 @@
+"""Hooks for tests/test_hooks.py: handed to an in-process worker with
+``build_worker(..., hooks=GuardedHooks())``, no workflow subclass."""
+
+from __future__ import annotations
+
+from workflows.hooks import AgentHooks, BlockToolCall, ToolCallContext, ToolResultOverride, TurnContext
+from workflows.models import TextContent, ToolOutcome
+
+
+class GuardedHooks(AgentHooks):
+    """Blocks `explode`, rewrites echo results, stops after a `whoami` call,
+    and fails on purpose where a test says so."""
+
+    def before_tool_call(self, context: ToolCallContext) -> BlockToolCall | None:
+        if context.tool_call.name == "explode":
+            return BlockToolCall(reason="explode is not allowed here")
+        if context.args.get("text") == "fail-before":
+            raise RuntimeError("before hook failed")
+        return None
+
+    async def after_tool_call(
+        self, context: ToolCallContext, outcome: ToolOutcome
+    ) -> ToolResultOverride | None:
+        if context.tool_call.name == "echo":
+            return ToolResultOverride(content=[TextContent(text="redacted")], details={"redacted": True})
+        if context.tool_call.name == "sequential_echo":
+            raise ValueError("after hook failed")
+        return None
+
+    def should_stop_after_turn(self, context: TurnContext) -> bool:
+        if any(r.tool_name == "whoami" for r in context.tool_results):
+            return True
+        if context.message.text == "fail-stop":
+            raise RuntimeError("stop hook failed")
+        return False

@@ -1,0 +1,320 @@
+"""pi's loop scenarios against ``workflows/loop.py`` itself, with in-memory
+fakes: no server, no worker (the whole group runs in well under a second).
+The conformance tests in test_loop.py prove the same on the real wiring."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.support.fake_loop import FakeAgent, calls, say, user
+from workflows.hooks import (
+    AgentHooks,
+    BlockToolCall,
+    RequireApproval,
+    ToolCallContext,
+    ToolResultOverride,
+    TurnContext,
+)
+from workflows.loop import ApprovalDecision, run_agent_loop, run_loop
+from workflows.models import ToolOutcome, text_result
+
+
+async def echo(args: dict[str, Any]) -> str:
+    await asyncio.sleep(args.get("delay", 0))
+    return f"echo: {args['text']}"
+
+
+def agent(*answers: Any) -> FakeAgent:
+    fake = FakeAgent(answers=list(answers))
+    fake.tool("echo", echo)
+    return fake
+
+
+async def run(fake: FakeAgent, prompt: str = "go") -> list[Any]:
+    context = fake.context()
+    await run_agent_loop([user(prompt)], context, fake.config())
+    return context.messages
+
+
+def roles(messages: list[Any]) -> list[str]:
+    out = []
+    for m in messages:
+        role = m.role
+        if role == "toolResult":
+            role += f":{m.tool_call_id}"
+        elif role == "assistant":
+            role += f":{m.stop_reason}"
+        out.append(role)
+    return out
+
+
+async def test_a_plain_answer_emits_one_turn() -> None:
+    fake = agent(say("hello"))
+    await run(fake)
+    assert fake.outline() == [
+        "agent_start",
+        "turn_start",
+        "message_start:user",
+        "message_end:user",
+        "message_start:assistant",
+        "message_end:assistant:stop",
+        "turn_end",
+        "agent_end",
+    ]
+    assert [m["role"] for m in fake.events[-1]["messages"]] == ["user", "assistant"]
+
+
+async def test_tool_results_feed_the_next_turn() -> None:
+    fake = agent(calls(("c1", "echo", {"text": "x"})), say("done"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:toolUse", "toolResult:c1", "assistant:stop"]
+    assert messages[2].content[0].text == "echo: x"
+    assert roles(fake.model_contexts[1]) == ["user", "assistant:toolUse", "toolResult:c1"]
+    assert fake.outline().count("turn_start") == 2
+
+
+async def test_parallel_tools_end_in_completion_order_results_in_source_order() -> None:
+    fake = agent(
+        calls(("slow", "echo", {"text": "a", "delay": 0.05}), ("fast", "echo", {"text": "b"})), say("ok")
+    )
+    await run(fake)
+    lines = fake.outline()
+    part = lines[lines.index("tool_execution_start:slow") : lines.index("turn_end")]
+    assert part == [
+        "tool_execution_start:slow",
+        "tool_execution_start:fast",
+        "tool_execution_end:fast",
+        "tool_execution_end:slow",
+        "message_start:toolResult:slow",
+        "message_end:toolResult:slow",
+        "message_start:toolResult:fast",
+        "message_end:toolResult:fast",
+    ]
+
+
+async def test_one_sequential_tool_makes_the_batch_sequential() -> None:
+    fake = agent(calls(("s1", "echo", {"text": "a", "delay": 0.02}), ("s2", "seq", {"text": "b"})), say("ok"))
+    fake.tool("seq", echo, execution_mode="sequential")
+    await run(fake)
+    lines = fake.outline()
+    assert lines.index("message_end:toolResult:s1") < lines.index("tool_execution_start:s2")
+
+
+async def test_steering_is_injected_after_the_whole_batch_before_the_next_call() -> None:
+    fake = agent(calls(("t1", "echo", {"text": "a"}), ("t2", "echo", {"text": "b"})), say("steered"))
+    fake.steering.append(user("change course"))  # arrives while tools run (polled after the batch)
+    context = fake.context()
+    await run_agent_loop([user("go")], context, fake.config(), skip_initial_steering=True)
+    assert roles(context.messages) == [
+        "user",
+        "assistant:toolUse",
+        "toolResult:t1",
+        "toolResult:t2",
+        "user",
+        "assistant:stop",
+    ]
+    steer_start = next(e for e in fake.events if e["type"] == "message_start" and e.get("queue"))
+    assert steer_start["queue"] == "steering"
+
+
+async def test_follow_up_runs_only_when_the_agent_would_stop() -> None:
+    fake = agent(say("first"), say("second"))
+    fake.follow_up.append(user("and then?"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:stop", "user", "assistant:stop"]
+    follow = [e for e in fake.events if e["type"] == "message_start" and e.get("queue") == "followUp"]
+    assert len(follow) == 1
+    assert fake.outline().count("agent_end") == 1
+
+
+async def test_terminate_only_when_every_result_says_so() -> None:
+    async def finish(args: dict[str, Any]) -> ToolOutcome:
+        return ToolOutcome(content=text_result("done"), terminate=True)
+
+    fake = agent(calls(("f1", "finish", {"text": "x"})))
+    fake.tool("finish", finish)
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:toolUse", "toolResult:f1"]
+
+    mixed = agent(calls(("f1", "finish", {"text": "x"}), ("e1", "echo", {"text": "y"})), say("more"))
+    mixed.tool("finish", finish)
+    assert roles(await run(mixed))[-1] == "assistant:stop"
+
+
+async def test_errors_and_aborts_end_the_run_at_once() -> None:
+    fake = agent(RuntimeError("model down"))
+    fake.follow_up.append(user("queued"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:error"]
+    assert fake.outline()[-2:] == ["turn_end", "agent_end"]
+    assert fake.follow_up, "queued messages stay queued after an error"
+
+
+async def test_abort_during_tools_ends_without_calling_the_model_again() -> None:
+    fake = agent(
+        calls(("a1", "echo", {"text": "x", "delay": 0.05}), ("a2", "echo", {"text": "y"})), say("never")
+    )
+
+    async def abort_soon() -> None:
+        await asyncio.sleep(0.01)
+        fake.aborted = True
+
+    context = fake.context()
+    await asyncio.gather(run_agent_loop([user("go")], context, fake.config()), abort_soon())
+    assert roles(context.messages)[-1] == "assistant:aborted"
+    assert len(fake.model_contexts) == 1
+    results = [m for m in context.messages if m.role == "toolResult"]
+    assert {r.tool_call_id for r in results} == {"a1", "a2"}, "no tool call without a result"
+
+
+async def test_unknown_tool_bad_json_and_invalid_arguments_are_immediate_errors() -> None:
+    fake = agent(calls(("u1", "nope", {}), ("v1", "echo", {"wrong": 1}), ("j1", "echo", {})), say("fix"))
+    context = fake.context()
+    config = fake.config()
+
+    original = config.stream_assistant_response
+
+    async def with_parse_error(ctx: Any) -> Any:
+        answer = await original(ctx)
+        answer.argument_errors = {"j1": "Unterminated string"} if answer.message.tool_calls else {}
+        return answer
+
+    config.stream_assistant_response = with_parse_error
+    await run_agent_loop([user("go")], context, config)
+    results = {m.tool_call_id: m for m in context.messages if m.role == "toolResult"}
+    assert results["u1"].content[0].text == "Tool nope not found"
+    assert results["v1"].content[0].text.startswith('Validation failed for tool "echo"')
+    assert "text: required property missing" in results["v1"].content[0].text
+    assert "not valid JSON" in results["j1"].content[0].text
+    assert all(r.is_error for r in results.values())
+    lines = fake.outline()
+    # Immediate results end during preparation, before the batch runs.
+    assert lines.index("tool_execution_end:u1") < lines.index("tool_execution_start:v1")
+
+
+async def test_arguments_are_coerced_and_defaults_filled_as_pi_does() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def record(args: dict[str, Any]) -> str:
+        seen.append(args)
+        return "ok"
+
+    fake = agent(calls(("c1", "rec", {"text": 5}), ("c2", "rec", {"text": "x", "delay": "0.5"})), say("ok"))
+    fake.tool("rec", record)
+    await run(fake)
+    assert seen == [{"text": "5", "delay": 0}, {"text": "x", "delay": 0.5}]
+
+
+async def test_length_truncated_calls_are_refused_and_the_loop_goes_on() -> None:
+    fake = agent(calls(("l1", "echo", {"text": "x"}), stop_reason="length"), say("retrying"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:length", "toolResult:l1", "assistant:stop"]
+    assert "token limit" in messages[2].content[0].text
+
+
+async def test_stop_after_turn_skips_both_queues() -> None:
+    fake = agent(calls(("c1", "steer", {"text": "x"})), say("never"))
+
+    async def steer(args: dict[str, Any]) -> str:
+        fake.steering.append(user("s"))  # arrives while the tool runs
+        return "ok"
+
+    fake.tool("steer", steer)
+    fake.stop_after = lambda: True
+    fake.follow_up.append(user("f"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:toolUse", "toolResult:c1"]
+    assert fake.steering and fake.follow_up
+
+
+class Guard(AgentHooks):
+    def before_tool_call(self, context: ToolCallContext) -> BlockToolCall | None:
+        if context.args["text"] == "forbidden":
+            return BlockToolCall("not here")
+        if context.args["text"] == "raise":
+            raise RuntimeError("before hook failed")
+        return None
+
+    async def after_tool_call(
+        self, context: ToolCallContext, outcome: ToolOutcome
+    ) -> ToolResultOverride | None:
+        if context.args["text"] == "secret":
+            return ToolResultOverride(content="redacted", details={"redacted": True})
+        if context.args["text"] == "boom":
+            raise ValueError("after hook failed")
+        if context.args["text"] == "odd":
+            return "not an override"  # type: ignore[return-value]
+        return None
+
+
+async def test_hooks_block_rewrite_and_their_failures_become_error_results() -> None:
+    fake = agent(
+        calls(
+            ("b1", "echo", {"text": "forbidden"}),
+            ("b2", "echo", {"text": "raise"}),
+            ("s1", "echo", {"text": "secret"}),
+            ("x1", "echo", {"text": "boom"}),
+            ("o1", "echo", {"text": "odd"}),
+        ),
+        say("ok"),
+    )
+    fake.hooks = Guard()
+    messages = await run(fake)
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["b1"].is_error and results["b1"].content[0].text == "not here"
+    assert results["b2"].is_error and results["b2"].content[0].text == "before hook failed"
+    assert not results["s1"].is_error and results["s1"].content[0].text == "redacted"
+    assert results["s1"].details == {"redacted": True}
+    assert results["x1"].is_error and results["x1"].content[0].text == "after hook failed"
+    assert results["o1"].is_error and "expected ToolResultOverride" in results["o1"].content[0].text
+    assert roles(messages)[-1] == "assistant:stop"
+
+
+async def test_a_failing_should_stop_hook_ends_the_run_with_an_error() -> None:
+    class Broken(AgentHooks):
+        def should_stop_after_turn(self, context: TurnContext) -> bool:
+            raise KeyError("budget")
+
+    fake = agent(say("hi"), say("never"))
+    fake.hooks = Broken()
+    fake.follow_up.append(user("later"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:stop", "assistant:error"]
+    assert "should_stop_after_turn failed" in (messages[-1].error_message or "")
+    assert fake.outline()[-3:] == ["message_start:assistant", "message_end:assistant:error", "agent_end"]
+
+
+async def test_approval_is_asked_in_the_batch_and_a_rejection_is_an_error_result() -> None:
+    class Ask(AgentHooks):
+        def before_tool_call(self, context: ToolCallContext) -> RequireApproval | None:
+            return RequireApproval("risky") if context.tool_call.id == "r1" else None
+
+    fake = agent(calls(("r1", "echo", {"text": "a"}), ("ok1", "echo", {"text": "b"})), say("ok"))
+    fake.hooks = Ask()
+    fake.approvals["r1"] = ApprovalDecision(False, "Tool call echo was rejected: no")
+    messages = await run(fake)
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["r1"].is_error and results["r1"].content[0].text == "Tool call echo was rejected: no"
+    assert not results["ok1"].is_error
+    assert [e["toolCallId"] for e in fake.events if e["type"] == "approval_asked"] == ["r1"]
+
+
+async def test_resuming_at_a_turn_boundary_continues_the_same_run() -> None:
+    fake = agent(say("after the switch"))
+    messages = [user("go"), calls(("c1", "echo", {"text": "x"})), *[]]
+    context = fake.context(messages)
+    context.run.started_at_message = 0
+    await run_loop(context, fake.config(), pending=[], first_turn=False, has_more_tool_calls=True)
+    assert fake.outline()[0] == "turn_start"
+    assert [m["role"] for m in fake.events[-1]["messages"]] == ["user", "assistant", "assistant"]
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+async def test_every_tool_call_gets_exactly_one_result(mode: str) -> None:
+    fake = agent(calls(*[(f"c{i}", "echo", {"text": str(i)}) for i in range(50)]), say("ok"))
+    fake.tool_execution = mode
+    messages = await run(fake)
+    assert [m.tool_call_id for m in messages if m.role == "toolResult"] == [f"c{i}" for i in range(50)]

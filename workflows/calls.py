@@ -1,0 +1,264 @@
+"""The loop's model and tool calls, as Temporal activities.
+
+``ActivityCalls`` supplies ``LoopConfig.stream_assistant_response`` and
+``LoopConfig.execute_tool``: it starts the activities with their retry
+policies, timeouts and summaries, sends the model its context by
+reference, cancels what runs when the run is aborted, and turns every
+failure into a message the loop can use (pi's loop never raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contract import LlmRequest, LlmResult, SessionDefaults, ToolRequest
+    from workflows.loop import ABORTED_TEXT, AgentContext, ModelAnswer, PreparedToolCall, error_outcome
+    from workflows.models import AssistantMessage, ToolCall, ToolOutcome
+    from workflows.session import Session
+    from workflows.stream import EventStream
+
+LLM_ACTIVITY = "stream_assistant_response"
+TOOL_ACTIVITY = "execute_tool"
+DEFAULTS_ACTIVITY = "session_defaults"
+
+LLM_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)
+TOOL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+# Activities heartbeat twice a second; a worker that dies is noticed after this.
+HEARTBEAT_TIMEOUT = timedelta(seconds=3)
+# Temporal refuses more than 2,000 pending activities per workflow (and a
+# workflow task completion is limited in size): a batch with more tool
+# calls runs them in waves of at most this many at once.
+MAX_TOOL_ACTIVITIES_AT_ONCE = 500
+# Activity ids above ~1,000 bytes are refused; long tool-call ids are cut
+# and made unique by a digest.
+MAX_ID_CHARS = 200
+# Temporal refuses more than 10,000 signals per execution, and every event
+# batch an activity publishes is one: the budget handed to each call.
+SIGNAL_LIMIT = 10_000
+SIGNAL_RESERVE = 1_000  # for users' signals (abort, close, steer) near the end
+
+RECORDED_TOOLS_PATCH = "recorded-tool-declarations"
+# Aborted tools are cancelled and waited for (before: cancelled and left
+# running), so no tool goes on after its result says "aborted".
+WAIT_CANCEL_PATCH = "wait-for-cancelled-tools"
+
+
+class ActivityCalls:
+    """Model and tool calls of one workflow execution."""
+
+    def __init__(self, session: Session, stream: EventStream, now_ms: Callable[[], int]) -> None:
+        self._session = session
+        self._stream = stream
+        self._now_ms = now_ms
+        self._llm: workflow.ActivityHandle[LlmResult] | None = None
+        self._tools: dict[str, workflow.ActivityHandle[ToolOutcome]] = {}
+        self._activity_ids: set[str] = set()
+        self._wave = asyncio.Semaphore(MAX_TOOL_ACTIVITIES_AT_ONCE)
+        self.on_change: Callable[[], None] = lambda: None
+
+    @property
+    def streaming(self) -> bool:
+        return self._llm is not None
+
+    def running_tools(self) -> list[str]:
+        return list(self._tools)
+
+    def cancel_all(self) -> None:
+        """Cancel the model call and every running tool (an abort)."""
+        if self._llm is not None:
+            self._llm.cancel()
+        for handle in self._tools.values():
+            handle.cancel()
+
+    # --- the session's defaults -------------------------------------------------------
+
+    async def session_defaults(self) -> SessionDefaults:
+        """The worker's default model and tool declarations, recorded in history."""
+        return await workflow.execute_local_activity(
+            DEFAULTS_ACTIVITY, result_type=SessionDefaults, start_to_close_timeout=timedelta(seconds=10)
+        )
+
+    # --- the model ----------------------------------------------------------------------
+
+    async def stream_assistant_response(self, context: AgentContext) -> ModelAnswer:
+        """One ``stream_assistant_response`` activity; a failure becomes an
+        assistant message with ``stopReason`` ``error`` (``aborted`` after
+        an abort)."""
+        session = self._session
+        context.tools = session.enabled_tools()  # configure applies from the next call
+        try:
+            result = await self._call_model(context)
+        except ActivityError as err:
+            stop = "aborted" if session.abort_requested else "error"
+            text = "Request was aborted" if session.abort_requested else failure_text(err)
+            return ModelAnswer(self._assistant_message(stop, text))
+        finally:
+            self._llm = None
+            self.on_change()
+        for event in result.events:
+            self._stream.publish(event)
+        if result.context_ref is not None:
+            session.context_ref, session.context_length = result.context_ref, len(context.messages) + 1
+        return ModelAnswer(result.message, result.streamed, result.argument_errors)
+
+    async def _call_model(self, context: AgentContext) -> LlmResult:
+        """The context goes as the stored manifest plus the messages added
+        since (constant history per turn); if the store lost it, once more
+        with everything inline."""
+        session, settings = self._session, self._session.settings
+        for inline in (session.context_ref is None, True):
+            start = 0 if inline else session.context_length
+            request = LlmRequest(
+                model=settings.model or "",
+                system_prompt=settings.system_prompt,
+                thinking_level=settings.thinking_level,
+                tool_names=list(context.tools),
+                messages=context.messages[start:],
+                context_ref=None if inline else session.context_ref,
+                context_length=start,
+                turn=session.turns.total + 1,
+                stream_batch_ms=settings.stream_batch_ms,
+                max_batches=self._batch_budget(1),
+            )
+            self._llm = workflow.start_activity(
+                LLM_ACTIVITY,
+                request,
+                result_type=LlmResult,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=LLM_RETRY,
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"llm: {request.model} turn {request.turn}",
+            )
+            self.on_change()
+            try:
+                return await self._llm
+            except ActivityError as err:
+                missing = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextMissing"
+                if inline or not missing or session.abort_requested:
+                    raise
+                workflow.logger.warning("Stored context is missing; sending it inline: %s", err.cause)
+                session.context_ref, session.context_length = None, 0
+        raise AssertionError("unreachable")
+
+    def _assistant_message(self, stop_reason: str, error: str) -> AssistantMessage:
+        return AssistantMessage.model_validate(
+            {
+                "model": self._session.settings.model or "",
+                "stopReason": stop_reason,
+                "errorMessage": error,
+                "timestamp": self._now_ms(),
+            }
+        )
+
+    # --- tools --------------------------------------------------------------------------
+
+    async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutcome:
+        """One ``execute_tool`` activity (at most ``MAX_TOOL_ACTIVITIES_AT_ONCE``
+        run at a time); a failure or an abort becomes an error outcome."""
+        activity_id, key = self._ids(prepared.call.id)
+        async with self._wave:
+            if self._session.abort_requested:
+                return error_outcome(ABORTED_TEXT)
+            return await self._run_tool(prepared, activity_id, key)
+
+    async def _run_tool(self, prepared: PreparedToolCall, activity_id: str, key: str) -> ToolOutcome:
+        call, tool = prepared.call, prepared.tool
+        handle = workflow.start_activity(
+            TOOL_ACTIVITY,
+            ToolRequest(
+                tool_call=ToolCall(id=call.id, name=call.name, arguments=prepared.args),
+                stream_batch_ms=self._session.settings.stream_batch_ms,
+                idempotency_key=key,
+                max_batches=self._batch_budget(max(1, len(self._tools) + 1)),
+            ),
+            result_type=ToolOutcome,
+            activity_id=activity_id,
+            start_to_close_timeout=timedelta(seconds=tool.timeout_seconds),
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=TOOL_RETRY,
+            cancellation_type=(
+                workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+                if workflow.patched(WAIT_CANCEL_PATCH)
+                else workflow.ActivityCancellationType.TRY_CANCEL
+            ),
+            summary=tool_summary(call.name, prepared.args),
+        )
+        self._tools[call.id] = handle
+        self.on_change()
+        try:
+            outcome = await handle
+        except (ActivityError, asyncio.CancelledError) as err:
+            if isinstance(err, asyncio.CancelledError) and not self._session.abort_requested:
+                raise
+            return error_outcome(ABORTED_TEXT if self._session.abort_requested else failure_text(err))
+        finally:
+            self._tools.pop(call.id, None)
+            self.on_change()
+        for event in outcome.events:
+            self._stream.publish(event)
+        return outcome.model_copy(update={"events": []})
+
+    def _ids(self, tool_call_id: str) -> tuple[str, str]:
+        """The activity id of a tool call derives from its id (readable in
+        the UI); a repeated id gets a suffix, a long one a digest. The
+        idempotency key adds the execution's number, so a model that reuses
+        ids (``call_0`` every turn) never repeats a key across continue-as-new."""
+        base = f"tool-{tool_call_id}"
+        if len(base) > MAX_ID_CHARS:
+            digest = hashlib.sha256(tool_call_id.encode("utf-8", "replace")).hexdigest()[:16]
+            base = f"{base[: MAX_ID_CHARS - 17]}-{digest}"
+        activity_id, n = base, 1
+        while activity_id in self._activity_ids:
+            n += 1
+            activity_id = f"{base}-{n}"
+        self._activity_ids.add(activity_id)
+        workflow_id, execution = workflow.info().workflow_id, self._session.continued_runs
+        key = f"{workflow_id}/{activity_id}" if execution == 0 else f"{workflow_id}/{execution}/{activity_id}"
+        return activity_id, key
+
+    def _batch_budget(self, sharers: int) -> int:
+        """How many event batches one call may publish: what is left of this
+        execution's signal allowance, shared by the calls running at once
+        and halved again for retries."""
+        left = SIGNAL_LIMIT - SIGNAL_RESERVE - self._stream.signals
+        return max(1, left // (2 * sharers))
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def failure_text(err: BaseException) -> str:
+    """The innermost useful message of an activity failure."""
+    messages = []
+    current: BaseException | None = err
+    while current is not None:
+        if isinstance(current, FailureError) and current.message and not isinstance(current, ActivityError):
+            messages.append(current.message)
+        current = current.__cause__
+    return messages[-1] if messages else str(err) or type(err).__name__
+
+
+def tool_summary(name: str, args: dict[str, Any]) -> str:
+    """``tool: read_file path=src/x.py`` for the Temporal UI."""
+    parts = []
+    for key, value in args.items():
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        parts.append(f"{key}={text if len(text) <= 40 else text[:37] + '...'}")
+    summary = f"tool: {name} {' '.join(parts)}".strip()
+    return summary if len(summary) <= 200 else summary[:197] + "..."

@@ -1,0 +1,158 @@
+"""What users send, checked: prompt, steer and follow-up payloads, and the
+arguments of every handler.
+
+Handlers take ``*args`` so that a signal sent with no argument, or with
+two, reaches our code instead of failing the workflow task in the SDK;
+here each is refused with one sentence (updates) or logged and dropped
+(signals). Text is cleaned of lone surrogates, which would otherwise fail
+the encoding of the next activity's input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from workflows.arguments import MAX_NESTING, nesting_depth
+from workflows.models import AgentMessage, CustomMessage, MessageAdapter, UserMessage, WireModel
+
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+"""The largest message a prompt, steer or follow-up may carry (Temporal's
+own payload limit; larger content belongs in a file a tool reads)."""
+MAX_PROMPTS = 100
+
+
+class InputError(ValueError):
+    """A payload a user sent that cannot be used; the text says why and what to do."""
+
+
+def single_argument(args: tuple[Any, ...], what: str, *, optional: bool = False) -> Any:
+    """The one argument of a handler that takes one."""
+    if len(args) == 1:
+        return args[0]
+    if not args and optional:
+        return None
+    if not args:
+        raise InputError(f"`{what}` needs one argument (the message text or object); it got none.")
+    raise InputError(f"`{what}` takes one argument; it got {len(args)}.")
+
+
+def no_arguments(args: tuple[Any, ...], what: str) -> None:
+    if args:
+        raise InputError(f"`{what}` takes no argument; it got {len(args)}.")
+
+
+def prompt_messages(
+    payload: Any, now_ms: Callable[[], int], *, allow_list: bool = True
+) -> list[AgentMessage]:
+    """A prompt payload as messages: a non-empty string, a user (or
+    application) message, or a non-empty list of those."""
+    if isinstance(payload, list) and allow_list:
+        if not payload:
+            raise InputError("The list of messages is empty: send at least one.")
+        if len(payload) > MAX_PROMPTS:
+            raise InputError(f"A prompt takes at most {MAX_PROMPTS} messages; it got {len(payload)}.")
+        return [prompt_message(item, now_ms) for item in payload]
+    return [prompt_message(payload, now_ms)]
+
+
+def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
+    """One prompt, steer or follow-up payload as a message."""
+    if isinstance(payload, str):
+        text = clean_text(payload)
+        if not text.strip():
+            raise InputError("The message text is empty: send some text.")
+        _check_size(text)
+        return UserMessage(content=text, timestamp=now_ms())
+    if isinstance(payload, WireModel):
+        payload = payload.model_dump(mode="json")
+    if not isinstance(payload, dict):
+        raise InputError(
+            'Expected a string or a message like {"role": "user", "content": "..."}, '
+            f"not {_json_type(payload)}."
+        )
+    if nesting_depth(payload) > MAX_NESTING:
+        raise InputError(f"The message is nested deeper than {MAX_NESTING} levels.")
+    _check_size(payload)
+    try:
+        message = MessageAdapter.validate_python(clean_json(payload))
+    except ValidationError as err:
+        raise InputError(
+            validation_text('Expected a string or a message like {"role": "user", "content": "..."}', err)
+        ) from None
+    if isinstance(message, UserMessage):
+        if _is_empty(message.content):
+            raise InputError("The message has no content: send some text or an image.")
+        if not message.timestamp:
+            message = message.model_copy(update={"timestamp": now_ms()})
+        return message
+    if isinstance(message, CustomMessage):
+        return message
+    raise InputError(
+        f"A {getattr(message, 'role', '?')} message cannot be sent: "
+        'send text or a user message ({"role": "user", ...}).'
+    )
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates replaced (they cannot be encoded as UTF-8)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def clean_json(value: Any) -> Any:
+    """Every string of a JSON value cleaned with ``clean_text``."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_json(v) for v in value]
+    return value
+
+
+def validation_text(prefix: str, err: ValidationError) -> str:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in err.errors()[:5]
+    )
+    return f"{prefix} ({problems})."
+
+
+def _check_size(value: Any) -> None:
+    size = len(value.encode("utf-8", "replace")) if isinstance(value, str) else _json_size(value)
+    if size > MAX_MESSAGE_BYTES:
+        raise InputError(
+            f"The message is {size / 1e6:.1f} MB; the limit is {MAX_MESSAGE_BYTES / 1e6:.1f} MB. "
+            "Put large content in a file the agent's tools can read."
+        )
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace"))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _is_empty(content: Any) -> bool:
+    if isinstance(content, str):
+        return not content.strip()
+    return not content

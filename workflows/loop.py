@@ -1,0 +1,490 @@
+"""pi's agent loop (``runLoop`` of pi-agent-core 0.73.1, ``agent-loop.ts``)
+as plain functions over an explicit context and config.
+
+Reads top to bottom like pi: ``run_agent_loop`` (a run started by prompts),
+``run_loop`` (the double loop), ``stream_assistant_response`` (one model
+answer), then tool execution in named steps: ``prepare_tool_call``,
+``execute_prepared_tool_call``, ``finalize_executed_tool_call``.
+
+Nothing here knows Temporal: the model call, the tool call, the queues,
+the clock and the event sink are callables in ``LoopConfig``. The workflow
+supplies activities and its stream; tests supply in-memory fakes.
+Deterministic as long as those callables are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workflows.arguments import ToolArgumentsError, validate_tool_arguments
+from workflows.hooks import (
+    AgentHooks,
+    BlockToolCall,
+    RequireApproval,
+    ToolCallContext,
+    ToolResultOverride,
+    TurnContext,
+)
+from workflows.models import (
+    AgentEndEvent,
+    AgentMessage,
+    AgentStartEvent,
+    AssistantMessage,
+    MessageEndEvent,
+    MessageStartEvent,
+    QueueName,
+    RunState,
+    TextContent,
+    ToolCall,
+    ToolDeclaration,
+    ToolExecutionEndEvent,
+    ToolExecutionStartEvent,
+    ToolOutcome,
+    ToolResultMessage,
+    TurnEndEvent,
+    TurnStartEvent,
+    UserContent,
+    WireModel,
+    text_result,
+)
+
+ToolExecutionMode = Literal["parallel", "sequential"]
+
+ABORTED_TEXT = "Tool execution aborted"
+REQUEST_ABORTED = "Request was aborted"
+
+
+@dataclass
+class ModelAnswer:
+    """One assistant message from the model, as the model callable returns it."""
+
+    message: AssistantMessage
+    streamed: bool = False
+    """Its ``message_start`` was already published (the model streamed)."""
+    argument_errors: dict[str, str] = field(default_factory=dict)
+    """Tool call id -> why its arguments are not valid JSON."""
+
+
+@dataclass
+class AgentContext:
+    """What the loop works on. ``messages`` is the conversation's transcript
+    (the loop appends to it); ``tools`` the tools this conversation may call
+    (the shell may swap them between turns)."""
+
+    messages: list[AgentMessage]
+    tools: Mapping[str, ToolDeclaration]
+    run: RunState
+    argument_errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PreparedToolCall:
+    """A call that passed preparation and may run."""
+
+    call: ToolCall
+    tool: ToolDeclaration
+    args: dict[str, Any]
+    approval: str | None = None
+    """Why a person must approve the call first (None: no approval needed)."""
+
+
+@dataclass
+class ApprovalDecision:
+    approved: bool
+    text: str = ""
+    """Why not, as the error result says it (rejection, timeout, abort)."""
+
+
+@dataclass
+class LoopConfig:
+    """The loop's dependencies, explicit (pi's ``AgentLoopConfig``)."""
+
+    emit: Callable[[WireModel], None]
+    now_ms: Callable[[], int]
+    stream_assistant_response: Callable[[AgentContext], Awaitable[ModelAnswer]]
+    """Call the model once. Must not raise: a failure is an assistant message
+    with ``stopReason`` ``error`` (or ``aborted``)."""
+    execute_tool: Callable[[PreparedToolCall], Awaitable[ToolOutcome]]
+    """Run one prepared call. Must not raise: a failure is an error outcome,
+    and a call that has not started when the run is aborted gets
+    ``error_outcome(ABORTED_TEXT)``."""
+    get_steering_messages: Callable[[], list[AgentMessage]]
+    get_follow_up_messages: Callable[[], list[AgentMessage]]
+    is_aborted: Callable[[], bool]
+    model_name: Callable[[], str]
+    tool_execution: Callable[[], ToolExecutionMode] = lambda: "parallel"
+    should_stop_after_turn: Callable[[TurnContext], bool | Awaitable[bool]] = lambda _: False
+    """The shell's own reasons to stop (stop_after_turn, budgets); the
+    hooks' ``should_stop_after_turn`` is asked after it."""
+    hooks: AgentHooks = field(default_factory=AgentHooks)
+    prepare_arguments: Callable[[ToolCall], dict[str, Any]] = lambda call: call.arguments
+    """A tool's compatibility shim over raw arguments, before validation."""
+    request_approval: Callable[[PreparedToolCall], Awaitable[ApprovalDecision]] | None = None
+    at_turn_boundary: Callable[[], Awaitable[None]] | None = None
+    """Awaited after each turn that goes on (the shell may continue as new here)."""
+    total_turns: Callable[[], int] = lambda: 0
+
+
+# --- a run ------------------------------------------------------------------------
+
+
+async def run_agent_loop(
+    prompts: list[AgentMessage],
+    context: AgentContext,
+    config: LoopConfig,
+    *,
+    queue: QueueName | None = None,
+    skip_initial_steering: bool = False,
+) -> None:
+    """pi's ``runAgentLoop`` (and ``runAgentLoopContinue`` when ``prompts``
+    is empty): open the run, add the prompts, run the loop. ``queue`` says
+    the prompts were drained from a queue (``continue()``)."""
+    config.emit(AgentStartEvent())
+    config.emit(TurnStartEvent())
+    for prompt in prompts:
+        _add_message(context, config, prompt, queue=queue)
+    pending = [] if skip_initial_steering else config.get_steering_messages()
+    await run_loop(context, config, pending=pending, pending_queue="steering")
+
+
+async def run_loop(
+    context: AgentContext,
+    config: LoopConfig,
+    *,
+    pending: list[AgentMessage],
+    pending_queue: QueueName = "steering",
+    first_turn: bool = True,
+    has_more_tool_calls: bool = True,
+) -> None:
+    """pi's ``runLoop``. The inner loop runs turns while the model calls
+    tools or steering messages wait; the outer loop picks up follow-ups
+    when the agent would otherwise stop. ``first_turn=False`` resumes a run
+    at a turn boundary (after continue-as-new)."""
+    run = context.run
+    while True:
+        while has_more_tool_calls or pending:
+            if first_turn:
+                first_turn = False
+            else:
+                config.emit(TurnStartEvent())
+            for message in pending:
+                _add_message(context, config, message, queue=pending_queue)
+            pending = []
+
+            message = await stream_assistant_response(context, config)
+            run.turns += 1
+            if message.stop_reason in ("error", "aborted"):
+                config.emit(TurnEndEvent(message=message, tool_results=[]))
+                _end_run(context, config)
+                return
+
+            tool_results: list[ToolResultMessage] = []
+            has_more_tool_calls = False
+            if message.tool_calls:
+                results, terminate = await execute_tool_calls(context, config, message)
+                tool_results = results
+                has_more_tool_calls = not terminate
+            config.emit(TurnEndEvent(message=message, tool_results=tool_results))
+
+            try:
+                stop = await _should_stop_after_turn(context, config, message, tool_results)
+            except Exception as err:  # a hook's failure ends the run, never the conversation
+                _fail_run(context, config, f"should_stop_after_turn failed: {_error_text(err)}")
+                return
+            if stop:
+                _end_run(context, config)
+                return
+            run.has_more_tool_calls = has_more_tool_calls
+            if config.at_turn_boundary is not None:
+                await config.at_turn_boundary()
+            pending = [] if config.is_aborted() else config.get_steering_messages()
+            pending_queue = "steering"
+
+        pending = config.get_follow_up_messages()
+        pending_queue = "followUp"
+        if not pending:
+            break
+        has_more_tool_calls = True
+    _end_run(context, config)
+
+
+async def _should_stop_after_turn(
+    context: AgentContext,
+    config: LoopConfig,
+    message: AssistantMessage,
+    tool_results: list[ToolResultMessage],
+) -> bool:
+    turn = TurnContext(message, tool_results, context.run.turns, config.total_turns())
+    if await _maybe_await(config.should_stop_after_turn(turn)):
+        return True
+    decision = await _maybe_await(config.hooks.should_stop_after_turn(turn))
+    if not isinstance(decision, bool):
+        raise TypeError(f"it returned {type(decision).__name__}, not a bool")
+    return decision
+
+
+def _end_run(context: AgentContext, config: LoopConfig) -> None:
+    config.emit(AgentEndEvent(messages=context.messages[context.run.started_at_message :]))
+
+
+def _fail_run(context: AgentContext, config: LoopConfig, text: str) -> None:
+    """pi's ``handleRunFailure``: the run ends with an error message."""
+    message = _assistant_message(config, "error", text)
+    _add_message(context, config, message)
+    _end_run(context, config)
+
+
+# --- one assistant message ----------------------------------------------------------
+
+
+async def stream_assistant_response(context: AgentContext, config: LoopConfig) -> AssistantMessage:
+    """Get the next assistant message and add it to the transcript. After an
+    abort the run ends with an aborted message made without calling the
+    model again (pi bug #8658 calls it)."""
+    if config.is_aborted():
+        message = _assistant_message(config, "aborted", REQUEST_ABORTED)
+        _add_message(context, config, message)
+        return message
+    answer = await config.stream_assistant_response(context)
+    context.argument_errors = answer.argument_errors
+    _add_message(context, config, answer.message, announce=not answer.streamed)
+    return answer.message
+
+
+# --- tool calls -----------------------------------------------------------------------
+
+
+async def execute_tool_calls(
+    context: AgentContext, config: LoopConfig, message: AssistantMessage
+) -> tuple[list[ToolResultMessage], bool]:
+    """pi's ``executeToolCalls``: the batch's result messages (source order)
+    and whether the loop should stop after it (every result said so)."""
+    calls = message.tool_calls
+    if message.stop_reason == "length":
+        return _refuse_truncated_calls(context, config, calls), False
+    sequential = config.tool_execution() == "sequential" or any(
+        tool.execution_mode == "sequential"
+        for tool in (context.tools.get(c.name) for c in calls)
+        if tool is not None
+    )
+    outcomes: list[ToolOutcome] = []
+    results: list[ToolResultMessage] = []
+    if sequential:
+        for call in calls:
+            prepared = await prepare_tool_call(context, config, message, call)
+            outcome = (
+                prepared
+                if isinstance(prepared, ToolOutcome)
+                else await execute_prepared_tool_call(context, config, message, prepared)
+            )
+            outcomes.append(outcome)
+            results.append(_add_tool_result(context, config, call, outcome))
+    else:
+        preparations = [await prepare_tool_call(context, config, message, c) for c in calls]
+        outcomes = list(
+            await asyncio.gather(
+                *(
+                    _ready(p)
+                    if isinstance(p, ToolOutcome)
+                    else execute_prepared_tool_call(context, config, message, p)
+                    for p in preparations
+                )
+            )
+        )
+        # Ends arrived in completion order; results land in source order.
+        results = [_add_tool_result(context, config, c, o) for c, o in zip(calls, outcomes, strict=True)]
+    return results, bool(outcomes) and all(o.terminate for o in outcomes)
+
+
+async def prepare_tool_call(
+    context: AgentContext, config: LoopConfig, message: AssistantMessage, call: ToolCall
+) -> PreparedToolCall | ToolOutcome:
+    """Emit the call's start and decide whether it may run: a ``ToolOutcome``
+    is an immediate (error) result, whose end is emitted at once."""
+    config.emit(ToolExecutionStartEvent(tool_call_id=call.id, tool_name=call.name, args=call.arguments))
+    outcome = await _prepare(context, config, message, call)
+    if isinstance(outcome, ToolOutcome):
+        _emit_tool_end(config, call, outcome)
+    return outcome
+
+
+async def _prepare(
+    context: AgentContext, config: LoopConfig, message: AssistantMessage, call: ToolCall
+) -> PreparedToolCall | ToolOutcome:
+    tool = context.tools.get(call.name)
+    if tool is None:
+        return error_outcome(f"Tool {call.name} not found")
+    parse_error = context.argument_errors.get(call.id)
+    if parse_error is not None:
+        return error_outcome(f"The arguments of tool {call.name} are not valid JSON: {parse_error}")
+    if config.is_aborted():
+        return error_outcome(ABORTED_TEXT)
+    try:
+        args = validate_tool_arguments(tool, config.prepare_arguments(call))
+        decision = await _maybe_await(
+            config.hooks.before_tool_call(ToolCallContext(message, call, args, context.messages))
+        )
+    except ToolArgumentsError as err:
+        return error_outcome(str(err))
+    except Exception as err:  # a shim's or hook's failure is the call's error result
+        return error_outcome(_error_text(err))
+    if isinstance(decision, BlockToolCall):
+        return error_outcome(decision.reason or "Tool execution was blocked")
+    if decision is not None and not isinstance(decision, RequireApproval):
+        return error_outcome(
+            f"before_tool_call returned {type(decision).__name__}; expected BlockToolCall, "
+            "RequireApproval or None."
+        )
+    approval = decision.reason if isinstance(decision, RequireApproval) else None
+    if approval is None and tool.requires_approval:
+        approval = f"{tool.label or tool.name} needs approval"
+    return PreparedToolCall(call, tool, args, approval)
+
+
+async def execute_prepared_tool_call(
+    context: AgentContext, config: LoopConfig, message: AssistantMessage, prepared: PreparedToolCall
+) -> ToolOutcome:
+    """Wait for approval if needed, run the call, apply ``after_tool_call``
+    and emit its end."""
+    outcome: ToolOutcome | None = None
+    if prepared.approval is not None:
+        if config.request_approval is None:
+            outcome = error_outcome("This tool call needs approval, and this agent cannot ask for it.")
+        else:
+            decision = await config.request_approval(prepared)
+            if not decision.approved:
+                outcome = error_outcome(decision.text)
+    if outcome is None:
+        outcome = await config.execute_tool(prepared)
+    outcome = await finalize_executed_tool_call(context, config, message, prepared, outcome)
+    _emit_tool_end(config, prepared.call, outcome)
+    return outcome
+
+
+async def finalize_executed_tool_call(
+    context: AgentContext,
+    config: LoopConfig,
+    message: AssistantMessage,
+    prepared: PreparedToolCall,
+    outcome: ToolOutcome,
+) -> ToolOutcome:
+    """pi's ``finalizeExecutedToolCall``: ``after_tool_call`` may replace
+    fields of the result; if it raises, the result becomes an error."""
+    call_context = ToolCallContext(message, prepared.call, prepared.args, context.messages)
+    try:
+        override = await _maybe_await(config.hooks.after_tool_call(call_context, outcome))
+        if override is None:
+            return outcome
+        if not isinstance(override, ToolResultOverride):
+            raise TypeError(
+                f"after_tool_call returned {type(override).__name__}; expected ToolResultOverride or None."
+            )
+        return ToolOutcome(
+            content=outcome.content if override.content is None else _as_content(override.content),
+            details=outcome.details if override.details is None else override.details,
+            is_error=outcome.is_error if override.is_error is None else bool(override.is_error),
+            terminate=outcome.terminate if override.terminate is None else bool(override.terminate),
+        )
+    except Exception as err:  # a hook's failure becomes the call's error result
+        return error_outcome(_error_text(err))
+
+
+def _refuse_truncated_calls(
+    context: AgentContext, config: LoopConfig, calls: list[ToolCall]
+) -> list[ToolResultMessage]:
+    """Tool calls of a message cut off by the token limit may be
+    incomplete: none runs; the model is told to issue them again."""
+    outcomes = []
+    for call in calls:
+        config.emit(ToolExecutionStartEvent(tool_call_id=call.id, tool_name=call.name, args=call.arguments))
+        outcome = error_outcome(
+            f"Tool call {call.name} was not executed: the response hit the output "
+            "token limit, so its arguments may be incomplete. Issue the call again, "
+            "with shorter arguments if needed."
+        )
+        _emit_tool_end(config, call, outcome)
+        outcomes.append(outcome)
+    return [_add_tool_result(context, config, c, o) for c, o in zip(calls, outcomes, strict=True)]
+
+
+def _add_tool_result(
+    context: AgentContext, config: LoopConfig, call: ToolCall, outcome: ToolOutcome
+) -> ToolResultMessage:
+    message = ToolResultMessage(
+        tool_call_id=call.id,
+        tool_name=call.name,
+        content=outcome.content,
+        details=outcome.details,
+        is_error=outcome.is_error,
+        timestamp=config.now_ms(),
+    )
+    _add_message(context, config, message)
+    return message
+
+
+def _emit_tool_end(config: LoopConfig, call: ToolCall, outcome: ToolOutcome) -> None:
+    config.emit(
+        ToolExecutionEndEvent(
+            tool_call_id=call.id,
+            tool_name=call.name,
+            result={"content": outcome.content, "details": outcome.details},
+            is_error=outcome.is_error,
+        )
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _add_message(
+    context: AgentContext,
+    config: LoopConfig,
+    message: AgentMessage,
+    *,
+    announce: bool = True,
+    queue: QueueName | None = None,
+) -> None:
+    """Append to the transcript; ``announce`` emits ``message_start`` too
+    (a streamed assistant message's start was published while it streamed)."""
+    if announce:
+        config.emit(MessageStartEvent(message=message, queue=queue))
+    config.emit(MessageEndEvent(message=message))
+    context.messages.append(message)
+
+
+def _assistant_message(config: LoopConfig, stop_reason: str, error: str) -> AssistantMessage:
+    return AssistantMessage.model_validate(
+        {
+            "model": config.model_name(),
+            "stopReason": stop_reason,
+            "errorMessage": error,
+            "timestamp": config.now_ms(),
+        }
+    )
+
+
+def error_outcome(text: str) -> ToolOutcome:
+    """pi's ``createErrorToolResult``."""
+    return ToolOutcome(content=text_result(text), details={}, is_error=True)
+
+
+def _as_content(content: str | list[UserContent]) -> list[UserContent]:
+    if isinstance(content, str):
+        return [TextContent(text=content)]
+    return ToolOutcome(content=content).content  # validates each block
+
+
+def _error_text(err: BaseException) -> str:
+    return str(err) or type(err).__name__
+
+
+async def _ready(outcome: ToolOutcome) -> ToolOutcome:
+    return outcome
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value

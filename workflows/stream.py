@@ -1,0 +1,179 @@
+"""The conversation's event stream (topic ``events`` of a Workflow Stream),
+as the workflow sees it.
+
+Besides publishing, the shell needs to know three things the stream does
+not tell through its Python API: the current offset, how far live
+subscribers have read (to let them read the last events before the
+conversation completes), and how many signals and updates this execution
+has taken (Temporal refuses more than 10,000 signals per execution, and
+every batch an activity publishes is one). All three come through the
+stream's registered handlers, looked up and wrapped with the public
+``workflow.get_*_handler`` / ``set_*_handler`` API under the stream's wire
+protocol names, which its clients rely on as well. If a future SDK
+registers other names, ``tracking`` is False: the stream still works,
+subscribers are not tracked and the linger before completing becomes a
+plain short timer.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.workflow_streams import (
+    PollInput,
+    PollResult,
+    PublishInput,
+    WorkflowStream,
+    WorkflowStreamState,
+)
+from temporalio.exceptions import ApplicationError
+
+from workflows.models import EVENTS_TOPIC, AssistantMessage, WireModel
+
+# The stream's wire protocol (its clients use the same names).
+PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
+POLL_UPDATE = "__temporal_workflow_stream_poll"
+OFFSET_QUERY = "__temporal_workflow_stream_offset"
+DRAINING_ERROR = "StreamDraining"
+
+# How long a conversation about to complete waits for its live subscribers
+# to read the last events (a subscriber polls again within its cooldown,
+# 100 ms by default). Without it a subscriber that was between polls reads
+# the tail by query, which replays the whole history on a worker.
+SUBSCRIBER_GRACE = timedelta(seconds=1)
+# Without subscriber tracking: two poll cooldowns.
+UNTRACKED_GRACE = timedelta(milliseconds=200)
+
+
+class EventStream:
+    """Publishes events, reports the offset, tracks subscribers and counts
+    the signals and updates this execution has taken."""
+
+    def __init__(self, prior_state: WorkflowStreamState | None) -> None:
+        # WorkflowStream must be built from an ``__init__`` called by
+        # ``@workflow.init``: this is one.
+        self._stream = WorkflowStream(prior_state=prior_state)
+        self._events = self._stream.topic(EVENTS_TOPIC)
+        self._offset_query: Callable[[], int] | None = workflow.get_query_handler(OFFSET_QUERY)
+        self.polled = False  # a subscriber polled during this execution
+        self.delivered = 0  # the furthest offset a poll has returned
+        self.signals = 0
+        self.updates = 0
+        self.tracking = False
+        self._detached = False
+
+    def track(self) -> None:
+        """Count the signals this execution takes and track how far live
+        subscribers have read. Called once, from ``@workflow.init`` (a poll
+        may come with the first activation); a handler not where the
+        stream's protocol says is left as it is."""
+        publish = workflow.get_signal_handler(PUBLISH_SIGNAL)
+        if publish is not None:
+
+            def on_publish(payload: PublishInput) -> None:
+                self.signals += 1
+                publish(payload)
+
+            workflow.set_signal_handler(PUBLISH_SIGNAL, on_publish)
+        poll = workflow.get_update_handler(POLL_UPDATE)
+        if poll is None or self._offset_query is None:
+            return
+        self.tracking = True
+
+        async def on_poll(payload: PollInput) -> PollResult:
+            self.polled = True
+            self.updates += 1
+            result: PollResult = await poll(payload)
+            self.delivered = max(self.delivered, result.next_offset)
+            return result
+
+        def validate_poll(payload: PollInput) -> None:
+            if self._detached:
+                raise ApplicationError(
+                    "Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR
+                )
+
+        workflow.set_update_handler(POLL_UPDATE, on_poll, validator=validate_poll)
+
+    def publish(self, event: WireModel | dict[str, Any]) -> None:
+        self._events.publish(event)
+
+    def offset(self) -> int:
+        """The stream's global offset: where the next event will be."""
+        if self._offset_query is not None:
+            return self._offset_query()
+        state = self._stream.get_state()
+        return state.base_offset + len(state.log)
+
+    def events_since(self, offset: int) -> list[dict[str, Any]]:
+        """The retained events from ``offset`` on, decoded (for queries)."""
+        read = workflow.get_query_handler(POLL_UPDATE)
+        if read is None:
+            return []
+        events: list[dict[str, Any]] = []
+        converter = workflow.payload_converter()
+        while True:
+            batch: PollResult = read(PollInput(topics=[EVENTS_TOPIC], from_offset=offset))
+            for item in batch.items:
+                payload = Payload.FromString(base64.b64decode(item.data))
+                events.append(converter.from_payloads([payload])[0])
+            if not batch.more_ready or batch.next_offset <= offset:
+                return events
+            offset = batch.next_offset
+
+    def detach_pollers(self) -> None:
+        """Release waiting subscribers and refuse new polls (before
+        continue-as-new or completing)."""
+        self._detached = True
+        self._stream.detach_pollers()
+
+    def state_for_carry(self, keep: int) -> WorkflowStreamState:
+        """The stream's state, keeping the last ``keep`` events."""
+        self._stream.truncate(max(0, self.offset() - keep))
+        return self._stream.get_state()
+
+    def all_read(self) -> bool:
+        return not self.polled or self.delivered >= self.offset()
+
+
+def partial_message(events: list[dict[str, Any]]) -> AssistantMessage | None:
+    """The assistant message being streamed, rebuilt from its deltas: the
+    last assistant ``message_start`` and the updates after it (a retry
+    starts the message over). None when no message is streaming."""
+    message: dict[str, Any] | None = None
+    blocks: dict[int, dict[str, Any]] = {}
+    for event in events:
+        kind = event.get("type")
+        if kind == "message_start" and event.get("message", {}).get("role") == "assistant":
+            message, blocks = dict(event["message"]), {}
+        elif kind == "message_retry":
+            blocks = {}
+        elif kind == "message_end":
+            message = None
+        elif kind == "message_update" and message is not None:
+            _fold(blocks, event.get("assistantMessageEvent") or {})
+    if message is None:
+        return None
+    message["content"] = [blocks[i] for i in sorted(blocks)]
+    return AssistantMessage.model_validate(message)
+
+
+def _fold(blocks: dict[int, dict[str, Any]], update: dict[str, Any]) -> None:
+    kind, index = update.get("type", ""), update.get("contentIndex", 0)
+    if kind == "text_start":
+        blocks[index] = {"type": "text", "text": ""}
+    elif kind == "thinking_start":
+        blocks[index] = {"type": "thinking", "thinking": ""}
+    elif kind == "toolcall_start":
+        blocks[index] = {"type": "toolCall", "id": update.get("id", ""), "name": update.get("toolName", "")}
+    elif kind == "text_delta" and index in blocks:
+        blocks[index]["text"] = blocks[index].get("text", "") + update.get("delta", "")
+    elif kind == "thinking_delta" and index in blocks:
+        blocks[index]["thinking"] = blocks[index].get("thinking", "") + update.get("delta", "")
+    elif kind == "toolcall_end" and isinstance(update.get("toolCall"), dict):
+        blocks[index] = update["toolCall"]
