@@ -34,6 +34,8 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
+from runtime.converter import AgentPayloadConverter
+
 DEFAULT_STORAGE_DIR = Path(".agent-data/payloads")
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
 DEFAULT_COMPRESS_BYTES = 2048
@@ -272,6 +274,7 @@ def data_converter_from_env() -> DataConverter:
     the environment asks for. Workers and clients must agree on both."""
     return dataclasses.replace(
         pydantic_data_converter,
+        payload_converter_class=AgentPayloadConverter,
         payload_codec=_compression_from_env(),
         external_storage=storage_from_env(),
     )

@@ -7,9 +7,11 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from config import Config, connect
@@ -81,3 +83,50 @@ async def stack(
 # Clients in this process read large payloads from the same store as the worker.
 os.environ.setdefault("AGENT_TOOL_OUTPUT_DIR", str(DATA / "tool-output"))
 os.environ.setdefault("AGENT_STORAGE_DIR", str(DATA / "payloads"))
+
+
+# --- the history guard --------------------------------------------------------------
+
+_BENIGN_CAUSES = {
+    # The server refused a completion because a new event (a signal) arrived
+    # meanwhile; the SDK runs the task again at once. Not a wedge.
+    "WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "expect_task_failures(reason): the test makes workflow tasks fail on purpose (say why)",
+    )
+
+
+@pytest.fixture(autouse=True)
+async def no_failed_workflow_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After each test that used the dev server, read the history of every
+    workflow started during it and fail on any WorkflowTaskFailed event: a
+    task that fails is retried forever, a wedged conversation for a user."""
+    uses_server = bool({"client", "stack", "dev_server"} & set(request.fixturenames))
+    if not uses_server or request.node.get_closest_marker("expect_task_failures"):
+        yield
+        return
+    client: Client = request.getfixturevalue("client")
+    started = datetime.now(UTC) - timedelta(seconds=1)
+    yield
+    failures = await failed_workflow_tasks(client, started)
+    assert not failures, "workflow tasks failed (a wedged conversation):\n" + "\n".join(failures)
+
+
+async def failed_workflow_tasks(client: Client, since: datetime) -> list[str]:
+    """``id: cause: message`` of each WorkflowTaskFailed event in the
+    histories of workflows started since ``since``."""
+    failures = []
+    async for execution in client.list_workflows(f"StartTime >= '{since.isoformat()}'"):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        async for event in handle.fetch_history_events():
+            if event.HasField("workflow_task_failed_event_attributes"):
+                attributes = event.workflow_task_failed_event_attributes
+                cause = WorkflowTaskFailedCause.Name(attributes.cause)
+                if cause not in _BENIGN_CAUSES:
+                    failures.append(f"{execution.id}: {cause}: {attributes.failure.message[:300]}")
+    return failures

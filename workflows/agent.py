@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SessionState,
         WaitForIdleResult,
     )
+    from workflows.arguments import MAX_NESTING, nesting_depth
     from workflows.inputs import (
         InputError,
         clean_json,
@@ -64,6 +65,8 @@ STREAM_ITEMS_CARRIED = 2000
 # Continue as new at the next turn boundary once this many signals came in
 # (every event batch an activity publishes is one; the limit is 10,000).
 SIGNALS_BEFORE_SWITCH = SIGNAL_LIMIT // 2
+# A message's own nesting plus the input and transcript around it.
+START_INPUT_NESTING = MAX_NESTING + 8
 LINGER_PATCH = "linger-for-subscribers"
 ABORT_AT_BOUNDARY_PATCH = "no-switch-while-aborting"
 
@@ -109,6 +112,8 @@ class AgentWorkflow:
                     'The start input must be a JSON object such as {"prompt": "hi"}, '
                     f"not {type(raw).__name__}."
                 )
+            if nesting_depth(raw, START_INPUT_NESTING) > START_INPUT_NESTING:
+                raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
             if session_input.carry is not None and workflow.info().continued_run_id is None:
                 raise InputError(

@@ -65,15 +65,15 @@ def validate_tool_arguments(tool: ToolDeclaration, arguments: dict[str, Any]) ->
     return checked
 
 
-def nesting_depth(value: Any, _depth: int = 0) -> int:
+def nesting_depth(value: Any, limit: int = MAX_NESTING, _depth: int = 0) -> int:
     """How deeply ``value`` nests lists and dicts (a scalar is 0). Stops
-    counting past ``MAX_NESTING + 1`` so a hostile value costs little."""
-    if _depth > MAX_NESTING:
+    counting past ``limit + 1`` so a hostile value costs little."""
+    if _depth > limit:
         return _depth
     if isinstance(value, dict):
-        return max((nesting_depth(v, _depth + 1) for v in value.values()), default=_depth + 1)
+        return max((nesting_depth(v, limit, _depth + 1) for v in value.values()), default=_depth + 1)
     if isinstance(value, list):
-        return max((nesting_depth(v, _depth + 1) for v in value), default=_depth + 1)
+        return max((nesting_depth(v, limit, _depth + 1) for v in value), default=_depth + 1)
     return _depth
 
 

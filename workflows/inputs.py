@@ -103,7 +103,7 @@ def clean_text(text: str) -> str:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def clean_json(value: Any) -> Any:

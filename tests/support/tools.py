@@ -66,3 +66,22 @@ async def whoami(args: NoArgs) -> ToolResult:
         content=context.idempotency_key,
         details={"toolCallId": context.tool_call_id, "key": context.idempotency_key},
     )
+
+
+class SizeArgs(BaseModel):
+    megabytes: float
+
+
+@tool(description="Return this many megabytes of text.")
+async def big_output(args: SizeArgs) -> str:
+    return "x" * int(args.megabytes * 1_000_000)
+
+
+@tool(description="Return a small text with this many megabytes of details.")
+async def big_details(args: SizeArgs) -> ToolResult:
+    return ToolResult(content="see details", details={"blob": "y" * int(args.megabytes * 1_000_000)})
+
+
+@tool(description="Needs a person's approval before it runs.", requires_approval=True)
+async def guarded_echo(args: EchoArgs) -> str:
+    return f"approved: {args.text}"

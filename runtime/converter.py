@@ -1,0 +1,57 @@
+"""The payload converter: pydantic's JSON converter, with JSON that cannot
+be decoded (nested deeper than the parser allows, not JSON at all) turned
+into an ``ApplicationError`` instead of an arbitrary exception. JSON that
+pydantic's strict parser refuses but the standard library reads (a lone
+surrogate escape such as ``"\ud800"``, which other languages' encoders
+write) is read by the standard library; the workflow cleans such text.
+
+Why: the SDK fails the workflow task (and retries it forever) when it
+cannot decode a workflow's start input, but it lets an ``ApplicationError``
+from the converter through as is, which fails the workflow with that
+sentence: a defined end instead of a wedged conversation. A signal it
+cannot decode is dropped with a log line, an update is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
+from temporalio.converter import CompositePayloadConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
+from temporalio.exceptions import ApplicationError
+
+
+class _DecodeSafeJSONConverter(PydanticJSONPlainPayloadConverter):
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        try:
+            return super().from_payload(payload, type_hint)
+        except ValidationError as err:
+            problem = next((e for e in err.errors() if e.get("type") == "json_invalid"), None)
+            if problem is None:
+                raise  # a value of the wrong type: the caller's to report
+        try:
+            value = json.loads(payload.data)
+        except (ValueError, RecursionError):
+            raise ApplicationError(
+                f"A payload is not JSON this agent can read: {problem.get('msg')}. "
+                "Send plain JSON nested at most 64 levels deep.",
+                type="PayloadDecodeError",
+                non_retryable=True,
+            ) from None
+        return value if type_hint in (None, Any) else TypeAdapter(type_hint).validate_python(value)
+
+
+class AgentPayloadConverter(CompositePayloadConverter):
+    """``PydanticPayloadConverter`` with decode failures made explicit."""
+
+    def __init__(self) -> None:
+        json_converter = _DecodeSafeJSONConverter()
+        super().__init__(
+            *(
+                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            )
+        )

@@ -1,0 +1,388 @@
+"""Nothing a user sends or writes wedges a conversation (issue 10): garbage
+at every entry is refused or dropped, limits reach a defined end, and the
+conversation answers a normal prompt afterwards. Every test here also runs
+under the history guard (tests/conftest.py): no workflow task may fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from temporalio.api.common.v1 import Payload
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import RawValue
+from temporalio.service import RPCError
+
+from config import start_conversation
+from tests.support.stack import EventLog, Stack
+from workflows.contract import SessionState
+
+
+def raw_json(text: str) -> RawValue:
+    """A JSON payload sent exactly as written (no client-side encoding)."""
+    return RawValue(Payload(metadata={"encoding": b"json/plain"}, data=text.encode("utf-8", "surrogatepass")))
+
+
+def deep(depth: int) -> str:
+    return "[" * depth + '"x"' + "]" * depth
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+async def still_answers(stack: Stack, handle: WorkflowHandle[Any, Any], text: str = "still here") -> None:
+    stack.script({"text": text})
+    result = await handle.execute_update("prompt", "are you there?")
+    events = await stack.events(handle.id, from_offset=result["eventOffset"])
+    assert events[-1]["type"] == "agent_end"
+    assert events[-1]["messages"][-1]["content"][0]["text"] == text
+
+
+async def wait_for_idle(handle: WorkflowHandle[Any, Any]) -> Any:
+    """``wait_for_idle``, asked again when the conversation continued as new meanwhile."""
+    while True:
+        try:
+            return await handle.execute_update("wait_for_idle")
+        except WorkflowUpdateFailedError as err:
+            if getattr(err.cause, "type", None) != "ContinuedAsNew":
+                raise
+
+
+async def state(stack: Stack, handle: WorkflowHandle[Any, Any]) -> SessionState:
+    return await handle.query("state", result_type=SessionState)
+
+
+# --- handlers take any argument count and type --------------------------------------------
+
+
+async def test_signals_with_no_argument_or_two_are_dropped(stack: Stack) -> None:
+    handle = await stack.start()
+    await handle.signal("steer")
+    await handle.signal("follow_up", args=["a", "b"])
+    await handle.signal("steer", raw_json(deep(300)))
+    await handle.signal("stop_after_turn", "unexpected")
+    current = await state(stack, handle)
+    assert current.steering_queue == 0 and current.follow_up_queue == 0 and current.status == "idle"
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "says"),
+    [
+        ("prompt", [], "needs one argument"),
+        ("prompt", ["a", "b"], "takes one argument"),
+        ("prompt", [raw_json(deep(300))], ""),
+        ("continue", ["x"], "takes no argument"),
+        ("configure", ["gpt"], "takes an object"),
+        ("configure", [{"temperature": 2}], "Unknown setting"),
+        ("clear_queues", ["everything"], "clear_queues takes"),
+        ("reset", [1], "takes no argument"),
+        ("wait_for_idle", [1, 2], "takes no argument"),
+        ("approve_tool", [{"toolCallId": "nope", "approved": True}], "No tool call"),
+    ],
+)
+async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
+    stack: Stack, name: str, args: list[Any], says: str
+) -> None:
+    handle = await stack.start()
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(name, args=args)
+    assert says in str(getattr(refused.value.cause, "message", refused.value.cause))
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (['"hi"'], "must be a JSON object"),
+        (['{"prompt": "hi"}', "{}"], "takes one argument"),
+        (['{"carry": {"runs": 3}}'], "`carry` is internal"),
+        ([deep(300)], ""),
+        (['{"steeringMode": "sometimes"}'], "steeringMode"),
+    ],
+)
+async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(
+    stack: Stack, args: list[str], says: str
+) -> None:
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow",
+        args=[raw_json(a) for a in args],
+        id=f"bad-start-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 30)
+    assert says in str(failed.value.cause)
+
+
+async def test_lone_surrogates_are_replaced_not_fatal(stack: Stack) -> None:
+    handle = await stack.start()
+    stack.script({"text": "ok"})
+    await handle.execute_update("prompt", raw_json('"broken \\ud800 text"'))
+    await handle.execute_update("wait_for_idle")
+    messages = await stack.messages(handle)
+    assert messages[0].content == "broken \ufffd text"
+    await handle.signal("close")
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+MESSAGE_LIKE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "toolResult", "x"])},
+    optional={"content": JSON_VALUES, "timestamp": JSON_VALUES},
+)
+RAW = st.sampled_from(
+    [
+        deep(250),
+        '"\\udc00"',
+        '{"role": "user", "content": "\\ud83d"}',
+        '"' + "\\u0000" * 10 + '"',
+        '{"toolCallId": 1, "approved": "maybe"}',
+    ]
+)
+TARGETS = st.sampled_from(
+    [
+        ("update", "prompt"),
+        ("update", "continue"),
+        ("update", "configure"),
+        ("update", "clear_queues"),
+        ("update", "approve_tool"),
+        ("update", "reset"),
+        ("signal", "steer"),
+        ("signal", "follow_up"),
+        ("signal", "abort"),
+        ("signal", "stop_after_turn"),
+    ]
+)
+
+
+def big_string(megabytes: int) -> str:
+    """Incompressible text (a counter's hashes), ``megabytes`` MB of it."""
+    import hashlib
+
+    chunk = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(megabytes * 31_250))
+    return chunk.hex()[: megabytes * 1_000_000]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    target=TARGETS,
+    args=st.lists(JSON_VALUES | MESSAGE_LIKE | RAW.map(raw_json), max_size=3),
+)
+async def test_random_json_to_every_signal_and_update_never_wedges(
+    stack: Stack, target: tuple[str, str], args: list[Any]
+) -> None:
+    handle = await _fuzz_conversation(stack)
+    kind, name = target
+    if kind == "signal":
+        await handle.signal(name, args=args)
+    else:
+        try:
+            await handle.execute_update(name, args=args)
+        except WorkflowUpdateFailedError:
+            pass
+    await handle.execute_update("wait_for_idle")
+
+
+_fuzzed: dict[str, WorkflowHandle[Any, Any]] = {}
+
+
+async def _fuzz_conversation(stack: Stack) -> WorkflowHandle[Any, Any]:
+    """One conversation takes every example of the property test; the last
+    test in this group checks it still answers."""
+    if "handle" not in _fuzzed:
+        _fuzzed["handle"] = await stack.start()
+    return _fuzzed["handle"]
+
+
+async def test_after_the_fuzzing_the_conversation_still_answers(stack: Stack) -> None:
+    handle = _fuzzed.get("handle") or await stack.start()
+    with_model = await handle.execute_update("configure", {"model": stack.model})
+    assert with_model["model"] == stack.model
+    await handle.execute_update("clear_queues", "all")
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+@pytest.mark.parametrize("megabytes", [1, 3, 5])
+async def test_megabytes_of_incompressible_text_are_refused_or_taken(stack: Stack, megabytes: int) -> None:
+    handle = await stack.start()
+    text = big_string(megabytes)
+    try:
+        await handle.execute_update("prompt", text)
+        accepted = True
+    except (WorkflowUpdateFailedError, RPCError) as err:
+        accepted = False
+        assert megabytes > 2, f"a {megabytes} MB prompt should be taken: {err}"
+    if accepted:
+        stack.script({"text": "read it"})
+        await handle.execute_update("wait_for_idle")
+    await handle.signal("steer", text)  # dropped, or taken (and run, as the conversation is idle)
+    await handle.execute_update("wait_for_idle")
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+# --- limits reach a defined end ---------------------------------------------------------------
+
+
+async def test_two_thousand_one_hundred_tool_calls_all_get_results(stack: Stack) -> None:
+    calls = [call(f"c{i}", "calculator", expression=f"{i}+1") for i in range(2100)]
+    stack.script({"tool_calls": calls, "chunk_chars": 4000}, {"text": "all done"})
+    handle = await stack.start(prompt="many", closeWhenIdle=True)
+    result = await asyncio.wait_for(handle.result(), 300)
+    results = [m for m in result.messages if m.role == "toolResult"]
+    assert [m.tool_call_id for m in results] == [f"c{i}" for i in range(2100)]
+    assert results[2099].content[0].text == "2099+1 = 2100" and not results[2099].is_error
+    assert result.messages[-1].text == "all done"
+
+
+async def test_long_tool_call_ids_run(stack: Stack) -> None:
+    long_id = "call_" + "x" * 2000
+    stack.script({"tool_calls": [call(long_id, "whoami"), call(long_id + "y", "whoami")]}, {"text": "ok"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    result = await asyncio.wait_for(handle.result(), 60)
+    results = [m for m in result.messages if m.role == "toolResult"]
+    assert [m.tool_call_id for m in results] == [long_id, long_id + "y"]
+    keys = {m.details["key"] for m in results}
+    assert len(keys) == 2 and all(len(k) < 400 for k in keys)
+
+
+async def test_a_tool_returning_50_megabytes_is_cut_for_the_model(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("b1", "big_output", megabytes=50), call("b2", "big_details", megabytes=5)]},
+        {"text": "ok"},
+    )
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    result = await asyncio.wait_for(handle.result(), 120)
+    big, details = result.messages[2], result.messages[3]
+    assert "Output truncated: 50000000 characters" in big.content[0].text
+    assert len(big.content[0].text) < 60_000
+    assert "details were dropped" in details.details["notes"]["details"]
+    assert result.messages[-1].text == "ok"
+
+
+async def test_a_single_stream_event_over_two_megabytes_arrives(stack: Stack) -> None:
+    text = "z" * 2_500_000
+    stack.script({"text": text, "chunk_chars": 500_000})
+    handle = await stack.start(prompt="write a lot", closeWhenIdle=True)
+    events = await stack.events(handle.id, timeout=120)
+    end = next(e for e in events if e["type"] == "message_end" and e["message"]["role"] == "assistant")
+    assert len(end["message"]["content"][0]["text"]) == len(text)
+    assert (await handle.result()).messages[-1].text == text
+
+
+async def test_a_very_long_stream_stays_under_the_signal_limit_and_abort_still_works(stack: Stack) -> None:
+    long_answer = {"text": "a" * 12_000, "chunk_chars": 1, "delay_ms": 2}
+    stack.script(long_answer, {"text": "b" * 100_000, "chunk_chars": 1, "delay_ms": 5})
+    handle = await stack.start(prompt="stream", streamBatchMs=1)
+    await asyncio.wait_for(wait_for_idle(handle), 300)
+    per_execution = []
+    async for execution in stack.client.list_workflows(f"WorkflowId = '{handle.id}'"):
+        run = stack.client.get_workflow_handle(handle.id, run_id=execution.run_id)
+        history = await run.fetch_history()
+        per_execution.append(
+            sum(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events)
+        )
+    print(f"\n[signals] per execution: {per_execution}")
+    assert sum(per_execution) > 2_000, "the stream should have sent many batches"
+    assert max(per_execution) < 10_000 - 1_000
+    result = await handle.execute_update("prompt", "again")
+    log = EventLog(stack.client, handle.id, from_offset=result["eventOffset"])
+    await log.wait_for_type("message_update", timeout=60)
+    await handle.signal("abort")
+    events = await log.wait_for_type("agent_end", timeout=60)
+    log.close()
+    assert events[-1]["messages"][-1]["stopReason"] == "aborted"
+    await handle.signal("close")
+
+
+async def test_abort_at_a_continue_as_new_boundary_is_honoured(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]})
+    handle = await stack.start(prompt="work", continueAsNewAfterTurns=1)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.signal("abort")
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    assert events[-1]["messages"][-1]["stopReason"] == "aborted"
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+async def test_close_at_a_continue_as_new_boundary_is_honoured(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]})
+    handle = await stack.start(prompt="work", continueAsNewAfterTurns=1)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.signal("close")
+    result = await asyncio.wait_for(handle.result(), 30)
+    log.close()
+    assert result.messages[-1].stop_reason == "aborted"
+
+
+async def test_a_tool_removed_from_the_worker_gets_a_clear_error_result(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """A conversation records its worker's tools when it starts; a later
+    worker without one of them answers its calls with an error result (and
+    replays the conversation without complaint)."""
+    from activities.tools import registered_tools
+    from runtime.settings import Settings
+    from worker import build_worker
+
+    queue = f"vanish-{uuid.uuid4().hex[:6]}"
+    settings = Settings.from_env(worker_env, task_queue=queue)
+    everything = registered_tools()
+    without_echo = {name: spec for name, spec in everything.items() if name != "echo"}
+    async with build_worker(stack.client, settings, tools=everything):
+        handle = await start_conversation(
+            stack.client, f"vanish-{uuid.uuid4().hex[:6]}", {"model": stack.model}, task_queue=queue
+        )
+        assert "echo" in (await handle.query("state"))["tools"]
+    stack.script({"tool_calls": [call("e1", "echo", text="hi"), call("c1", "calculator", expression="2*3")]})
+    stack.script({"text": "ok"})
+    async with build_worker(stack.client, settings, tools=without_echo):
+        await handle.execute_update("prompt", "use both")
+        await asyncio.wait_for(handle.execute_update("wait_for_idle"), 30)
+        messages = await stack.messages(handle)
+        await handle.signal("close")
+        await handle.result()
+    echo, calculator = messages[2], messages[3]
+    assert echo.is_error and "not available on this worker" in echo.content[0].text
+    assert not calculator.is_error and calculator.content[0].text == "2*3 = 6"
+
+
+async def test_stream_batches_per_call_are_budgeted(stack: Stack) -> None:
+    stack.script({"text": "abc" * 400, "chunk_chars": 1, "delay_ms": 1})
+    handle = await stack.start(prompt="x", streamBatchMs=1, closeWhenIdle=True)
+    await asyncio.wait_for(handle.result(), 60)
+    history = await handle.fetch_history()
+    scheduled = next(
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    )
+    request = json.loads(scheduled.input.payloads[0].data)
+    assert 0 < request["maxBatches"] <= (10_000 - 1_000) // 2
