@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from workflows.arguments import MAX_NESTING, nesting_depth
     from workflows.bindings import WorkflowBindings
     from workflows.calls import RECORDED_TOOLS_PATCH, SIGNAL_LIMIT, ActivityCalls
     from workflows.contract import (
@@ -36,7 +37,6 @@ with workflow.unsafe.imports_passed_through():
         SessionState,
         WaitForIdleResult,
     )
-    from workflows.arguments import MAX_NESTING, nesting_depth
     from workflows.inputs import (
         InputError,
         clean_json,
