@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 from pathlib import Path
 
@@ -66,3 +67,14 @@ async def whoami(args: NoArgs) -> ToolResult:
         content=context.idempotency_key,
         details={"toolCallId": context.tool_call_id, "key": context.idempotency_key},
     )
+
+
+class BulkyArgs(BaseModel):
+    tag: str
+    kib: int
+
+
+@tool(description="Answer output-<tag>, with kib KiB of incompressible details (a big result).")
+async def bulky(args: BulkyArgs) -> ToolResult:
+    noise = base64.b64encode(os.urandom(args.kib * 1024 * 3 // 4)).decode()
+    return ToolResult(content=f"output-{args.tag}", details={"noise": noise})
