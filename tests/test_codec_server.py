@@ -367,24 +367,6 @@ def codec_url(stack: Stack) -> str:
     return stack.dev_server.codec.url
 
 
-async def run_bulky(stack: Stack, *sizes_kib: int) -> tuple[str, list[str]]:
-    """A finished conversation whose tools returned ``sizes_kib`` KiB each;
-    returns its id and the marker each tool output (and only it) carries."""
-    tags = [uuid.uuid4().hex[:8] for _ in sizes_kib]
-    stack.script(
-        {
-            "tool_calls": [
-                {"id": f"b{i}", "name": "bulky", "arguments": {"tag": tag, "kib": kib}}
-                for i, (tag, kib) in enumerate(zip(tags, sizes_kib, strict=True))
-            ]
-        },
-        {"text": "Both tools answered."},
-    )
-    handle = await stack.start(prompt="Run the bulky tool.", closeWhenIdle=True)
-    await handle.result()
-    return handle.id, [f"output-{tag}" for tag in tags]
-
-
 def temporal(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [temporal_cli(), *args, "--address", stack.dev_server.address],
@@ -395,7 +377,8 @@ def temporal(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_cli_query_with_the_codec_endpoint_prints_the_tool_output(stack: Stack) -> None:
-    workflow_id, [marker] = await run_bulky(stack, 3)
+    handle, [marker] = await stack.run_bulky_tools(3)
+    workflow_id = handle.id
 
     plain = temporal(stack, "workflow", "query", "--workflow-id", workflow_id, "--type", "messages")
     decoded = temporal(
@@ -437,7 +420,8 @@ class HttpDecodeCodec(PayloadCodec):
 
 
 async def test_plain_sdk_client_reads_events_messages_and_result_through_decode(stack: Stack) -> None:
-    workflow_id, [marker] = await run_bulky(stack, 3)
+    handle, [marker] = await stack.run_bulky_tools(3)
+    workflow_id = handle.id
     codec_less = await Client.connect(stack.dev_server.address)
     with pytest.raises(Exception, match="Unknown payload encoding binary/zlib"):
         await codec_less.get_workflow_handle(workflow_id).query("messages")
@@ -481,8 +465,8 @@ def raw_payloads(message: Message) -> Iterator[Payload]:
 
 
 async def test_every_raw_payload_of_a_stored_history_decodes_to_json(stack: Stack) -> None:
-    workflow_id, markers = await run_bulky(stack, 3, 400)
-    history = await stack.client.get_workflow_handle(workflow_id).fetch_history()
+    handle, markers = await stack.run_bulky_tools(3, 400)
+    history = await handle.fetch_history()
     payloads = [p for event in history.events for p in raw_payloads(event)]
     assert sum(p.metadata.get("messageType") == REFERENCE_TYPE for p in payloads) >= 2  # tool output, result
     assert sum(p.metadata.get("encoding") == ZLIB for p in payloads) >= 1
