@@ -121,8 +121,8 @@ class DevServer:
 
     def start(self) -> DevServer:
         if self.codec is not None:  # starts while the dev server does; ready before the UI is
-            if self.ui_url not in self.codec.cors_origins:
-                self.codec.cors_origins = [*self.codec.cors_origins, self.ui_url]
+            ui_origins = [self.ui_url, f"http://localhost:{self.ui_port}"]
+            self.codec.cors_origins = list(dict.fromkeys([*self.codec.cors_origins, *ui_origins]))
             self.codec.launch()
         try:
             self._start_server()
