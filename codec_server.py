@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -128,11 +129,12 @@ async def _codec(request: web.Request) -> web.Response:
 
 async def _read_payloads(request: web.Request) -> list[Payload]:
     """The request's ``{"payloads": [...]}``, or a 400 that says what is wrong with it."""
-    text = await request.text()
     try:
-        body = json.loads(text)
-    except ValueError as err:
-        raise Refused(400, f'The body is not JSON ({err}): send {{"payloads": [...]}}.') from None
+        body = json.loads(await request.read())
+    except ValueError as err:  # also bytes that are not UTF-8
+        raise Refused(400, f'The body is not JSON ({_reason(err)}): send {{"payloads": [...]}}.') from None
+    if not isinstance(body, dict):
+        raise Refused(400, 'The body is JSON but not an object: send {"payloads": [...]}.')
     try:
         return list(json_format.ParseDict(body, Payloads()).payloads)
     except json_format.ParseError as err:
@@ -152,7 +154,7 @@ async def _decode(converter: DataConverter, index: int, payload: Payload) -> Pay
         [raw] = await converter.decode([payload], [RawValue])
     except Exception as err:
         raise _decode_refusal(index, payload, err) from None
-    _check_encoding(converter, index, raw.payload, "decoding")
+    _check_encoding(converter, index, raw.payload, "decode")
     return raw.payload
 
 
@@ -160,7 +162,7 @@ async def _encode(converter: DataConverter, namespace: str, payloads: Sequence[P
     """Payloads as the worker would write them: compressed when large, stored
     outside the history when larger still (under ``namespace``)."""
     for index, payload in enumerate(payloads):
-        _check_encoding(converter, index, payload, "encoding")
+        _check_encoding(converter, index, payload, "encode")
     try:
         return await _for_namespace(converter, namespace).encode([RawValue(p) for p in payloads])
     except Exception as err:
@@ -180,22 +182,26 @@ def _for_namespace(converter: DataConverter, namespace: str) -> DataConverter:
     return bound if isinstance(bound, DataConverter) else converter
 
 
-def _check_encoding(converter: DataConverter, index: int, payload: Payload, doing: str) -> None:
-    """Refuse a payload no client of this project could read (or write)."""
-    known = _known_encodings(converter)
+def _check_encoding(converter: DataConverter, index: int, payload: Payload, action: str) -> None:
+    """Refuse a payload that no client of this project could read (after
+    ``decode``) or that is not a plain client's payload (before ``encode``)."""
+    known = _known_encodings(converter.payload_converter_class)
     encoding = payload.metadata.get("encoding")
     if known and encoding not in known:
         name = encoding.decode(errors="replace") if encoding else "none"
+        plain = ", ".join(e.decode() for e in sorted(known))
+        into = "compressed or stored payloads into" if action == "decode" else "payloads of"
         raise Refused(
             422,
-            f"Payload {index} has encoding {name!r}, which this codec server does not know "
-            f"(after {doing}, it expects one of {', '.join(e.decode() for e in sorted(known))}).",
+            f"Payload {index} has encoding {name!r}, which this codec server cannot {action} "
+            f"(it {action}s {into} {plain}).",
         )
 
 
-def _known_encodings(converter: DataConverter) -> frozenset[bytes]:
-    """The encodings the converter's payload converter reads (empty: any)."""
-    inner = converter.payload_converter_class()
+@functools.cache
+def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
+    """The encodings a payload converter reads (empty: it does not say)."""
+    inner = payload_converter_class()
     if isinstance(inner, CompositePayloadConverter):
         return frozenset(inner.converters)
     return frozenset()
@@ -277,9 +283,8 @@ async def _refusals(request: web.Request, handler: Handler) -> web.StreamRespons
     except Refused as refused:
         return _refusal(request, refused)
     except web.HTTPException as err:  # aiohttp's own: a body too large, ...
-        return _refusal(
-            request, Refused(err.status, f"{err.reason}: {err.text or 'the request was refused'}.")
-        )
+        reason = _reason(Exception(err.text or "the request was refused"))
+        return _refusal(request, Refused(err.status, f"{err.reason}: {reason}."))
     except Exception as err:
         return _refusal(
             request, Refused(500, f"The codec server failed ({type(err).__name__}: {_reason(err)}).")

@@ -199,8 +199,14 @@ def assert_one_sentence(status: int, text: str, expected_status: int, *words: st
     ("body", "status", "words"),
     [
         ("nope", 400, ["not JSON"]),
+        ("null", 400, ["not an object"]),
+        ("[]", 400, ["not an object"]),
         ('{"payload": []}', 400, ["not a Payloads object"]),
-        (as_json([payload(b"x", b"binary/encrypted")]), 422, ["Payload 0", "binary/encrypted"]),
+        (
+            as_json([payload(b"x", b"binary/encrypted")]),
+            422,
+            ["Payload 0", "binary/encrypted", "cannot decode"],
+        ),
         (as_json([payload(b'"ok"'), payload(b"not zlib", ZLIB)]), 422, ["Payload 1", "does not decompress"]),
     ],
 )
