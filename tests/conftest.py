@@ -1,5 +1,6 @@
-"""Shared fixtures: a real Temporal dev server, the scripted model server
-and a real worker process, started once per test session."""
+"""Shared fixtures: a real Temporal dev server (its UI reading payloads
+through the codec server), the scripted model server and a real worker
+process, started once per test session."""
 
 from __future__ import annotations
 
@@ -11,17 +12,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from config import Config, connect
-from local_stack import DevServer, start_worker, stop_process
+from local_stack import CodecServer, DevServer, start_worker, stop_process
 from scripted_model import ScriptedModelServer
 from tests.support.stack import Stack
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 # Outside the tools' workspace (the project), as the worker insists.
 DATA = Path(tempfile.gettempdir()) / f"durable-agent-tests-{os.getuid()}"
+# The payload store of the worker, the codec server and the clients in this process.
+PAYLOADS = DATA / "payloads"
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +36,8 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="session")
 def dev_server(artifacts: Path) -> Iterator[DevServer]:
-    server = DevServer(log_path=artifacts / "dev-server.log").start()
+    codec = CodecServer(env={"AGENT_STORAGE_DIR": str(PAYLOADS)}, log_path=artifacts / "codec-server.log")
+    server = DevServer(log_path=artifacts / "dev-server.log", codec=codec).start()
     yield server
     server.stop()
 
@@ -55,7 +60,7 @@ def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifac
         "AGENT_TEST_LEDGER": str(artifacts / "ledger.txt"),
         "AGENT_WORKSPACE": str(Path(__file__).resolve().parent.parent),
         "AGENT_TOOL_OUTPUT_DIR": str(DATA / "tool-output"),
-        "AGENT_STORAGE_DIR": str(DATA / "payloads"),
+        "AGENT_STORAGE_DIR": str(PAYLOADS),
     }
 
 
@@ -80,9 +85,34 @@ async def stack(
     return Stack(client, model_server, "agent-tests", f"model-{uuid.uuid4().hex[:8]}", dev_server)
 
 
+@pytest.fixture
+async def fake_s3() -> AsyncIterator[tuple[str, dict[str, bytes]]]:
+    """A loopback server answering S3's HEAD, PUT and GET object calls; yields its URL and objects."""
+    objects: dict[str, bytes] = {}
+
+    async def handle(request: web.Request) -> web.Response:
+        path = request.path
+        if request.method == "PUT":
+            objects[path] = await request.read()
+            return web.Response()
+        if path not in objects:
+            return web.Response(status=404)
+        return web.Response(body=b"" if request.method == "HEAD" else objects[path])
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield f"http://127.0.0.1:{port}", objects
+    await runner.cleanup()
+
+
 # Clients in this process read large payloads from the same store as the worker.
 os.environ.setdefault("AGENT_TOOL_OUTPUT_DIR", str(DATA / "tool-output"))
-os.environ.setdefault("AGENT_STORAGE_DIR", str(DATA / "payloads"))
+os.environ.setdefault("AGENT_STORAGE_DIR", str(PAYLOADS))
 
 
 # --- the history guard --------------------------------------------------------------

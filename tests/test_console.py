@@ -12,11 +12,13 @@ import io
 import json
 import os
 import sys
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pexpect
+import pytest
 from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
@@ -155,6 +157,36 @@ def test_renderer_shows_tool_calls_progress_and_error_results() -> None:
         "  ⋯ step 1/4",
         "  ✗ slow: Tool execution aborted",
     ]
+
+
+def injected_run(queue: str | None) -> list[dict[str, Any]]:
+    """A run that answers, then gets ``later`` injected (by ``queue``, when the event says)."""
+    later = {"type": "message_start", "message": user("later")}
+    if queue is not None:
+        later["queue"] = queue
+    final = assistant({"type": "text", "text": "ok"})
+    return [*streamed_run(final=final)[:-1], later, {"type": "message_end", "message": user("later")}]
+
+
+@pytest.mark.parametrize(
+    ("queue", "line"),
+    [
+        ("followUp", "» follow-up: later"),
+        ("steering", "» steer: later"),
+        (None, "» steer: later"),  # a workflow that does not say: injected after an answer is steering
+    ],
+)
+def test_renderer_labels_an_injected_message_by_its_queue(queue: str | None, line: str) -> None:
+    assert render(injected_run(queue)).splitlines()[-1] == line
+
+
+def test_renderer_labels_a_follow_up_that_starts_a_run() -> None:
+    """Queued while idle, it opens the run: the event's queue says what it is."""
+    start = {"type": "message_start", "message": user("next"), "queue": "followUp"}
+
+    out = render([{"type": "agent_start"}, {"type": "turn_start"}, start])
+
+    assert out.splitlines() == ["» follow-up: next"]
 
 
 def test_renderer_replays_a_transcript_like_the_live_stream() -> None:
@@ -372,3 +404,19 @@ async def test_chat_reattach_replays_the_transcript_without_duplicating_it(stack
 
     shown = screen.getvalue()
     assert (shown.count("first question"), shown.count("the stored answer")) == (1, 1)
+
+
+async def test_chat_with_a_new_id_starts_that_conversation(stack: Stack) -> None:
+    stack.script({"text": "hello, named chat"})
+    workflow_id = f"named-{uuid.uuid4().hex[:8]}"
+    child, _ = spawn_chat(stack.dev_server, "--id", workflow_id, "--model", stack.model)
+
+    await expect(child, f"conversation {workflow_id}")
+    await expect(child, "›")
+    child.send("hi\r")
+    await expect(child, "hello, named chat")
+    await expect(child, "· 1 turn")
+    await leave(child, workflow_id)
+
+    state = await stack.state(stack.client.get_workflow_handle(workflow_id))
+    assert (state.model, state.message_count) == (stack.model, 2)

@@ -8,13 +8,11 @@ import dataclasses
 import importlib.util
 import os
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from aiohttp import web
 from temporalio import activity, workflow
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.common import RetryPolicy
@@ -176,31 +174,6 @@ def test_s3_url_builds_the_sdk_s3_driver(monkeypatch: pytest.MonkeyPatch) -> Non
     assert isinstance(driver, S3StorageDriver)
     assert driver.name() == "aws.s3driver"
     assert storage.payload_size_threshold == 1000
-
-
-@pytest.fixture
-async def fake_s3() -> AsyncIterator[tuple[str, dict[str, bytes]]]:
-    """A loopback server answering S3's HEAD, PUT and GET object calls; yields its URL and objects."""
-    objects: dict[str, bytes] = {}
-
-    async def handle(request: web.Request) -> web.Response:
-        path = request.path
-        if request.method == "PUT":
-            objects[path] = await request.read()
-            return web.Response()
-        if path not in objects:
-            return web.Response(status=404)
-        return web.Response(body=b"" if request.method == "HEAD" else objects[path])
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", objects
-    await runner.cleanup()
 
 
 @needs_s3_extra

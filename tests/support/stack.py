@@ -43,6 +43,20 @@ class Stack:
             task_queue=self.task_queue,
         )
 
+    async def run_bulky_tools(self, *sizes_kib: int) -> tuple[WorkflowHandle[Any, Any], list[str]]:
+        """A finished conversation whose one turn called the test tool ``bulky``
+        once per size (KiB of incompressible details each); returns it and the
+        marker each tool output carries (only the output: the arguments hold a tag)."""
+        tags = [uuid.uuid4().hex[:8] for _ in sizes_kib]
+        calls = [
+            {"id": f"bulky_{i}", "name": "bulky", "arguments": {"tag": tag, "kib": kib}}
+            for i, (tag, kib) in enumerate(zip(tags, sizes_kib, strict=True))
+        ]
+        self.script({"tool_calls": calls}, {"text": "The tools answered."})
+        handle = await self.start(prompt="Run the bulky tool.", closeWhenIdle=True)
+        await handle.result()
+        return handle, [f"output-{tag}" for tag in tags]
+
     async def state(self, handle: WorkflowHandle[Any, Any]) -> SessionState:
         return await handle.query("state", result_type=SessionState)
 

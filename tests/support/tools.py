@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 from pathlib import Path
 
@@ -85,3 +86,14 @@ async def big_details(args: SizeArgs) -> ToolResult:
 @tool(description="Needs a person's approval before it runs.", requires_approval=True)
 async def guarded_echo(args: EchoArgs) -> str:
     return f"approved: {args.text}"
+
+
+class BulkyArgs(BaseModel):
+    tag: str
+    kib: int
+
+
+@tool(description="Answer output-<tag>, with kib KiB of incompressible details (a big result).")
+async def bulky(args: BulkyArgs) -> ToolResult:
+    noise = base64.b64encode(os.urandom(args.kib * 1024 * 3 // 4)).decode()
+    return ToolResult(content=f"output-{args.tag}", details={"noise": noise})

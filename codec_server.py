@@ -1,0 +1,384 @@
+"""The codec endpoint: how the Temporal UI and CLI read this project's payloads.
+
+    python codec_server.py [--host 127.0.0.1] [--port 8081] [--cors-origin URL ...]
+
+Workers compress large payloads (zlib) and move the largest out of the
+history (external storage), so the UI and the CLI see base64 and
+references where a conversation should be. This server speaks Temporal's
+remote codec protocol: POST ``.../decode`` and ``.../encode`` with
+``{"payloads": [...]}`` in protobuf JSON (only the last part of the path
+counts, so it can be mounted under any prefix). ``/decode`` undoes the
+compression and resolves external-storage references to the stored
+payload, so even a payload kept outside the history reads as its JSON.
+
+It runs the worker's own data converter (``storage.data_converter_from_env``:
+the same codec and the same storage settings, AGENT_STORAGE and friends),
+on raw payloads, through the SDK's public path (``RawValue``): no second
+implementation of either.
+
+The payloads are conversation contents, so it listens on 127.0.0.1 unless
+told otherwise, answers browsers only from the origins given
+(``--cors-origin``, repeatable, or AGENT_CODEC_CORS_ORIGINS, comma-separated;
+default the dev server's UI and compose's UI), and, when AGENT_CODEC_TOKEN
+is set, wants ``Authorization: Bearer <token>`` on every request.
+A request it cannot serve gets a 4xx and one sentence in plain text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import hmac
+import json
+import logging
+import os
+import signal
+import sys
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.common import RawValue
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    StorageDriverStoreContext,
+    StorageDriverWorkflowInfo,
+)
+
+from storage import StoredPayloadMissing, data_converter_from_env
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8081
+# The dev server's UI (temporal server start-dev) and compose's UI.
+DEFAULT_CORS_ORIGINS = ("http://localhost:8233", "http://127.0.0.1:8233", "http://localhost:8080")
+# A batch of payloads, each up to Temporal's 2 MB limit, as base64 in JSON.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+log = logging.getLogger("codec_server")
+
+
+def payload_converter() -> DataConverter:
+    """The converter the worker uses (compression and external storage as the
+    environment sets them). The one place this server gets it."""
+    return data_converter_from_env()
+
+
+@dataclass(frozen=True)
+class CodecSettings:
+    """Where the server listens and whom it answers; read once at start."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
+    token: str | None = None
+
+
+class Refused(Exception):
+    """A request this server will not serve: an HTTP status and one sentence."""
+
+    def __init__(self, status: int, sentence: str) -> None:
+        super().__init__(sentence)
+        self.status = status
+        self.sentence = sentence
+
+
+_CONVERTER = web.AppKey("converter", DataConverter)
+_SETTINGS = web.AppKey("settings", CodecSettings)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(converter: DataConverter, settings: CodecSettings) -> web.Application:
+    """The codec endpoint as an aiohttp application (``converter`` does the work)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_cors, _refusals, _bearer_token])
+    app[_CONVERTER] = converter
+    app[_SETTINGS] = settings
+    app.router.add_route("*", "/{path:.*}", _codec)
+    return app
+
+
+# --- the protocol ---------------------------------------------------------------
+
+
+async def _codec(request: web.Request) -> web.Response:
+    """POST .../encode, .../decode (or .../download): Payloads in, Payloads out (protobuf JSON)."""
+    action = request.path.rstrip("/").rsplit("/", 1)[-1]
+    if action not in ("encode", "decode", "download"):
+        raise Refused(404, f"No such endpoint {request.path}: POST to /encode or /decode.")
+    if request.method != "POST":
+        raise Refused(405, f"Use POST for /{action}, not {request.method}.")
+    payloads = await _read_payloads(request)
+    converter = request.app[_CONVERTER]
+    namespace = request.headers.get("X-Namespace") or "default"
+    # The UI asks /download for a stored payload that /decode left as a
+    # reference; this /decode never does, but the answer would be the same.
+    if action in ("decode", "download"):
+        result = await asyncio.gather(*(_decode(converter, i, p) for i, p in enumerate(payloads)))
+    else:
+        result = await _encode(converter, namespace, payloads)
+    body = json_format.MessageToDict(Payloads(payloads=result))
+    body.setdefault("payloads", [])  # proto3 JSON leaves an empty list out; the UI reads it
+    return web.json_response(body)
+
+
+async def _read_payloads(request: web.Request) -> list[Payload]:
+    """The request's ``{"payloads": [...]}``, or a 400 that says what is wrong with it."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError as err:  # also bytes that are not UTF-8
+        raise Refused(400, f'The body is not JSON ({_reason(err)}): send {{"payloads": [...]}}.') from None
+    if not isinstance(body, dict):
+        raise Refused(400, 'The body is JSON but not an object: send {"payloads": [...]}.')
+    try:
+        return list(json_format.ParseDict(body, Payloads()).payloads)
+    except json_format.ParseError as err:
+        raise Refused(
+            400,
+            f"The body is not a Payloads object in protobuf JSON ({_reason(err)}): "
+            'send {"payloads": [...]}.',
+        ) from None
+
+
+async def _decode(converter: DataConverter, index: int, payload: Payload) -> Payload:
+    """One payload as a plain client would have written it: a stored payload
+    fetched back (storage reference -> stored payload), then decompressed.
+    The SDK's own order, through its public path (``RawValue`` skips only the
+    final conversion to a Python value)."""
+    try:
+        [raw] = await converter.decode([payload], [RawValue])
+    except Exception as err:
+        raise _decode_refusal(index, payload, err) from None
+    _check_encoding(converter, index, raw.payload, "decode")
+    return raw.payload
+
+
+async def _encode(converter: DataConverter, namespace: str, payloads: Sequence[Payload]) -> list[Payload]:
+    """Payloads as the worker would write them: compressed when large, stored
+    outside the history when larger still (under ``namespace``)."""
+    for index, payload in enumerate(payloads):
+        _check_encoding(converter, index, payload, "encode")
+    try:
+        return await _for_namespace(converter, namespace).encode([RawValue(p) for p in payloads])
+    except Exception as err:
+        raise Refused(502, f"The payload store did not take the payloads: {_reason(err)}.") from None
+
+
+def _for_namespace(converter: DataConverter, namespace: str) -> DataConverter:
+    """``converter`` storing large payloads under ``namespace``, as the worker
+    does for that namespace's workflows. The SDK binds that context through a
+    private method (``_with_store_context``, temporalio 1.35); without it,
+    payloads are stored without a target (the file store's ``default``
+    namespace), which any reader still resolves: references carry their place."""
+    bind = getattr(converter, "_with_store_context", None)
+    if bind is None or converter.external_storage is None:
+        return converter
+    bound = bind(StorageDriverStoreContext(target=StorageDriverWorkflowInfo(namespace=namespace)))
+    return bound if isinstance(bound, DataConverter) else converter
+
+
+def _check_encoding(converter: DataConverter, index: int, payload: Payload, action: str) -> None:
+    """Refuse a payload that no client of this project could read (after
+    ``decode``) or that is not a plain client's payload (before ``encode``)."""
+    known = _known_encodings(converter.payload_converter_class)
+    encoding = payload.metadata.get("encoding")
+    if known and encoding not in known:
+        name = encoding.decode(errors="replace") if encoding else "none"
+        plain = ", ".join(e.decode() for e in sorted(known))
+        into = "compressed or stored payloads into" if action == "decode" else "payloads of"
+        raise Refused(
+            422,
+            f"Payload {index} has encoding {name!r}, which this codec server cannot {action} "
+            f"(it {action}s {into} {plain}).",
+        )
+
+
+@functools.cache
+def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
+    """The encodings a payload converter reads (empty: it does not say)."""
+    inner = payload_converter_class()
+    if isinstance(inner, CompositePayloadConverter):
+        return frozenset(inner.converters)
+    return frozenset()
+
+
+def _decode_refusal(index: int, payload: Payload, err: Exception) -> Refused:
+    """Why payload ``index`` could not be decoded, as one sentence."""
+    encoding = payload.metadata.get("encoding", b"").decode(errors="replace")
+    if isinstance(err, StoredPayloadMissing) or _is_missing_s3_object(err):
+        return Refused(422, f"Payload {index} refers to a stored payload that is gone: {_reason(err)}.")
+    if isinstance(err, zlib.error | DecodeError):
+        return Refused(422, f"Payload {index} is marked {encoding} but its data does not decompress.")
+    if isinstance(err, RuntimeError) and "TMPRL1105" in str(err):
+        return Refused(
+            422,
+            f"Payload {index} is stored outside the history, but this codec server has no storage: "
+            "start it with the worker's AGENT_STORAGE settings.",
+        )
+    if isinstance(err, ValueError):  # no such driver, a bad or corrupt claim
+        return Refused(
+            422,
+            f"Payload {index} cannot be read with this codec server's storage settings ({_reason(err)}): "
+            "start it with the worker's AGENT_STORAGE settings.",
+        )
+    return Refused(502, f"Payload {index} could not be fetched from the payload store: {_reason(err)}.")
+
+
+def _is_missing_s3_object(err: Exception) -> bool:
+    """The SDK's S3 driver wraps a missing object's 404 in a RuntimeError."""
+    response = getattr(err.__cause__, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code in ("NoSuchKey", "404")
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text.rstrip(".")
+
+
+# --- middlewares: CORS, refusals as sentences, the token ---------------------------
+
+
+@web.middleware
+async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer browsers from the allowed origins only; the UI sends a preflight
+    (OPTIONS) before each POST, and may ask to include credentials."""
+    origin = request.headers.get("Origin")
+    if origin is None:  # not a browser: the CLI, an SDK client
+        return await handler(request)
+    if origin not in request.app[_SETTINGS].cors_origins:
+        return _refusal(
+            request,
+            Refused(
+                403,
+                f"Origin {origin} may not read payloads here: add it with --cors-origin "
+                "or AGENT_CODEC_CORS_ORIGINS.",
+            ),
+        )
+    if request.method == "OPTIONS":
+        response: web.StreamResponse = web.Response(status=204)
+        response.headers["Access-Control-Allow-Methods"] = "POST, OPTIONS"
+        response.headers["Access-Control-Allow-Headers"] = "Content-Type, X-Namespace, Authorization"
+        response.headers["Access-Control-Max-Age"] = "600"
+        if request.headers.get("Access-Control-Request-Private-Network") == "true":
+            response.headers["Access-Control-Allow-Private-Network"] = "true"
+    else:
+        response = await handler(request)
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Allow-Credentials"] = "true"
+    response.headers["Vary"] = "Origin"
+    return response
+
+
+@web.middleware
+async def _refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure becomes a status and one sentence, and one log line; never a traceback."""
+    try:
+        return await handler(request)
+    except Refused as refused:
+        return _refusal(request, refused)
+    except web.HTTPException as err:  # aiohttp's own: a body too large, ...
+        reason = _reason(Exception(err.text or "the request was refused"))
+        return _refusal(request, Refused(err.status, f"{err.reason}: {reason}."))
+    except Exception as err:
+        return _refusal(
+            request, Refused(500, f"The codec server failed ({type(err).__name__}: {_reason(err)}).")
+        )
+
+
+@web.middleware
+async def _bearer_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With AGENT_CODEC_TOKEN set, every request carries ``Authorization: Bearer <token>``."""
+    token = request.app[_SETTINGS].token
+    if token:
+        sent = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            raise Refused(401, "This codec server wants Authorization: Bearer <AGENT_CODEC_TOKEN>.")
+    return await handler(request)
+
+
+def _refusal(request: web.Request, refused: Refused) -> web.Response:
+    log.warning("%s %s -> %d: %s", request.method, request.path, refused.status, refused.sentence)
+    headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else None
+    return web.Response(status=refused.status, text=refused.sentence + "\n", headers=headers)
+
+
+# --- the process --------------------------------------------------------------------
+
+
+def settings_from(argv: Sequence[str] | None = None) -> CodecSettings:
+    """Settings from the command line, then the environment, then the defaults."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port (default 8081)")
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="URL",
+        help="a UI origin allowed to call this server (repeatable; default AGENT_CODEC_CORS_ORIGINS, "
+        "else the dev server's and compose's UI)",
+    )
+    args = parser.parse_args(argv)
+    from_env = [o.strip() for o in os.environ.get("AGENT_CODEC_CORS_ORIGINS", "").split(",") if o.strip()]
+    origins = args.cors_origin or from_env or list(DEFAULT_CORS_ORIGINS)
+    return CodecSettings(
+        host=args.host,
+        port=args.port,
+        cors_origins=tuple(o.rstrip("/") for o in origins),
+        token=os.environ.get("AGENT_CODEC_TOKEN") or None,
+    )
+
+
+async def serve(settings: CodecSettings) -> None:
+    """Serve until SIGINT or SIGTERM; prints ``codec server listening on URL`` when ready."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before saying "listening": a stop may follow at once
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(build_app(payload_converter(), settings), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        print(f"codec server listening on http://{_url_host(host)}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = settings_from(argv)
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
+    )
+    code = 0
+    try:
+        asyncio.run(serve(settings))
+    except (ValueError, ImportError) as err:  # storage settings (AGENT_STORAGE...)
+        print(f"error: {err}", file=sys.stderr)
+        code = 2
+    except OSError as err:
+        print(
+            f"error: cannot listen on {settings.host}:{settings.port} ({err.strerror or err}).",
+            file=sys.stderr,
+        )
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the SDK can crash at interpreter exit (sdk-python #300)
+
+
+if __name__ == "__main__":
+    main()
