@@ -8,7 +8,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -141,7 +141,7 @@ async def no_failed_workflow_tasks(request: pytest.FixtureRequest) -> AsyncItera
         yield
         return
     client: Client = request.getfixturevalue("client")
-    started = datetime.now(UTC) - timedelta(seconds=1)
+    started = datetime.now(UTC)
     yield
     failures = await failed_workflow_tasks(client, started)
     assert not failures, "workflow tasks failed (a wedged conversation):\n" + "\n".join(failures)

@@ -348,6 +348,7 @@ async def test_a_tool_removed_from_the_worker_gets_a_clear_error_result(
     """A conversation records its worker's tools when it starts; a later
     worker without one of them answers its calls with an error result (and
     replays the conversation without complaint)."""
+    import tests.support.tools  # noqa: F401  (registers echo in this process)
     from activities.tools import registered_tools
     from runtime.settings import Settings
     from worker import build_worker
@@ -360,6 +361,9 @@ async def test_a_tool_removed_from_the_worker_gets_a_clear_error_result(
         handle = await start_conversation(
             stack.client, f"vanish-{uuid.uuid4().hex[:6]}", {"model": stack.model}, task_queue=queue
         )
+        stack.script({"text": "hello"})
+        await handle.execute_update("prompt", "hi")
+        await handle.execute_update("wait_for_idle")
         assert "echo" in (await handle.query("state"))["tools"]
     stack.script({"tool_calls": [call("e1", "echo", text="hi"), call("c1", "calculator", expression="2*3")]})
     stack.script({"text": "ok"})
@@ -369,7 +373,8 @@ async def test_a_tool_removed_from_the_worker_gets_a_clear_error_result(
         messages = await stack.messages(handle)
         await handle.signal("close")
         await handle.result()
-    echo, calculator = messages[2], messages[3]
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    echo, calculator = results["e1"], results["c1"]
     assert echo.is_error and "not available on this worker" in echo.content[0].text
     assert not calculator.is_error and calculator.content[0].text == "2*3 = 6"
 

@@ -224,7 +224,10 @@ class Session:
         return self.settings_in_force()
 
     def settings_in_force(self) -> AgentSettings:
-        return AgentSettings.model_validate(self.settings.model_dump(include=set(AgentSettings.model_fields)))
+        """The settings now in force (``tools``: the names the model may call)."""
+        settings = AgentSettings.model_validate(self.settings.model_dump(include=set(AgentSettings.model_fields)))
+        settings.tools = list(self.enabled_tools())
+        return settings
 
     def clear_queues(self, which: QueueSelector) -> list[AgentMessage]:
         removed: list[AgentMessage] = []
