@@ -51,7 +51,7 @@ from temporalio.converter import (
     StorageDriverWorkflowInfo,
 )
 
-from storage import StoredPayloadMissing, data_converter_from_env
+from runtime.payloads import StoredPayloadMissing, data_converter_from_env
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8081

@@ -28,10 +28,11 @@ from typing import Any
 
 from rich.console import Console
 
-from config import Config, connect, start_conversation
+from client import follow, start_conversation
 from console.render import EventRenderer
-from console.stream import follow
-from local_stack import CodecServer, DevServer, start_scripted_model, start_worker, stop_process
+from runtime.connect import connect
+from runtime.settings import Settings
+from testbed.local_stack import CodecServer, DevServer, start_scripted_model, start_worker, stop_process
 
 DATA = Path(".agent-data")
 PROMPT = "Compute 17*23 and 2**10-1 with the calculator, and list the files of this project."
@@ -99,7 +100,7 @@ async def run_demo(console: Console) -> int:
         console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
     try:
         workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
-        config = Config(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
+        config = Settings.from_env(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
         client = await connect(config)
         workflow_id = f"demo-{uuid.uuid4().hex[:6]}"
         handle = await start_conversation(

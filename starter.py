@@ -29,8 +29,10 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from config import Config, ServerUnreachable, connect, start_conversation
+from client import start_conversation
 from console import EventRenderer, chat, follow, watch
+from runtime.connect import ServerUnreachable, connect
+from runtime.settings import Settings
 from workflows.contract import PromptResult, SessionState
 from workflows.models import AgentMessage, MessageList
 
@@ -52,7 +54,7 @@ def session_input(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-async def cmd_run(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_run(client: Client, config: Settings, args: argparse.Namespace) -> int:
     workflow_id = args.id or f"run-{uuid.uuid4().hex[:8]}"
     handle = await start_conversation(
         client, workflow_id, {**session_input(args), "closeWhenIdle": True}, task_queue=config.task_queue
@@ -73,24 +75,24 @@ def _ended_in_error(messages: list[dict[str, Any]]) -> bool:
     return last is not None and last.get("stopReason") == "error"
 
 
-async def cmd_chat(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_chat(client: Client, config: Settings, args: argparse.Namespace) -> int:
     await chat(client, config, args.id, session_input(args))
     return 0
 
 
-async def cmd_watch(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_watch(client: Client, config: Settings, args: argparse.Namespace) -> int:
     await watch(client, args.id, as_json=args.json, from_offset=args.from_offset)
     return 0
 
 
-async def cmd_start(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_start(client: Client, config: Settings, args: argparse.Namespace) -> int:
     workflow_id = args.id or f"chat-{uuid.uuid4().hex[:8]}"
     await start_conversation(client, workflow_id, session_input(args), task_queue=config.task_queue)
     print(workflow_id)
     return 0
 
 
-async def cmd_prompt(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_prompt(client: Client, config: Settings, args: argparse.Namespace) -> int:
     result = await client.get_workflow_handle(args.id).execute_update(
         "prompt", args.text, result_type=PromptResult
     )
@@ -98,13 +100,13 @@ async def cmd_prompt(client: Client, config: Config, args: argparse.Namespace) -
     return 0
 
 
-async def cmd_continue(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_continue(client: Client, config: Settings, args: argparse.Namespace) -> int:
     result = await client.get_workflow_handle(args.id).execute_update("continue", result_type=PromptResult)
     print(f"run {result.run} started (events from offset {result.event_offset})")
     return 0
 
 
-async def cmd_signal(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_signal(client: Client, config: Settings, args: argparse.Namespace) -> int:
     signal, payload = SIGNALS[args.command]
     arg = args.text if payload else None
     handle = client.get_workflow_handle(args.id)
@@ -116,13 +118,13 @@ async def cmd_signal(client: Client, config: Config, args: argparse.Namespace) -
     return 0
 
 
-async def cmd_state(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_state(client: Client, config: Settings, args: argparse.Namespace) -> int:
     state = await client.get_workflow_handle(args.id).query("state", result_type=SessionState)
     print(json.dumps(state.model_dump(), indent=2))
     return 0
 
 
-async def cmd_messages(client: Client, config: Config, args: argparse.Namespace) -> int:
+async def cmd_messages(client: Client, config: Settings, args: argparse.Namespace) -> int:
     messages: list[AgentMessage] = await client.get_workflow_handle(args.id).query(
         "messages", result_type=list[AgentMessage]
     )
@@ -187,7 +189,7 @@ COMMANDS = {
 
 
 async def run_command(args: argparse.Namespace) -> int:
-    config = Config()
+    config = Settings.from_env()
     client = await connect(config)
     try:
         return await COMMANDS[args.command](client, config, args)

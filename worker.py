@@ -18,18 +18,20 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities import builtin_tools
-from activities.context_store import ContextStore, blob_store_from_env
+from activities.context_store import ContextStore
 from activities.llm import LlmActivities
 from activities.session import SessionActivities
 from activities.tool_runner import ToolActivities
 from activities.tools import ToolSpec, declarations, registered_tools
-from config import Config, ServerUnreachable, connect
+from runtime.connect import ServerUnreachable, connect
+from runtime.payloads import blob_store
 from runtime.sandbox import workflow_runner
 from runtime.settings import Settings, SettingsError
 from workflows.agent import AgentWorkflow
@@ -84,7 +86,7 @@ def build_worker(
         track_subscribers=not settings.sdk_fallbacks,
     )
     if llm is None:
-        blobs = blob_store_from_env()
+        blobs = blob_store(settings)
         llm = LlmActivities(
             api_key=settings.openai_api_key,
             base_url=settings.openai_base_url,
@@ -116,9 +118,7 @@ def build_worker(
 
 async def run_worker(settings: Settings) -> None:
     load_tool_modules(settings.tool_modules)
-    client = await connect(
-        Config(address=settings.address, namespace=settings.namespace, task_queue=settings.task_queue)
-    )
+    client = await connect(settings)
     worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         settings = Settings.from_env()
-        settings = Settings.from_env(
-            tool_modules=(*settings.tool_modules, *args.tools)
+        settings = replace(
+            settings, tool_modules=(*settings.tool_modules, *args.tools)
         )  # flags add to AGENT_TOOLS
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
         asyncio.run(run_worker(settings))

@@ -13,95 +13,19 @@ manifest's digest. History per turn stays constant.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import os
 from collections import OrderedDict
-from pathlib import Path
-from typing import Protocol
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
+from activities.blobs import BlobMissing, BlobStore, checked_digest, digest_of
 from workflows.models import AgentMessage, MessageAdapter
 
 _DIGESTS = TypeAdapter(list[str])
 
 
 class ContextMissing(LookupError):
-    """A stored message or manifest is gone (the workflow resends inline)."""
-
-
-class BlobStore(Protocol):
-    async def put_many(self, blobs: dict[str, bytes]) -> None: ...
-    async def get(self, digest: str) -> bytes: ...
-
-
-class FileBlobStore:
-    """Blobs as files ``root/<2 hex>/<digest>``, written atomically."""
-
-    def __init__(self, root: Path) -> None:
-        self._root = root
-
-    def _path(self, digest: str) -> Path:
-        return self._root / digest[:2] / digest
-
-    async def put_many(self, blobs: dict[str, bytes]) -> None:
-        await asyncio.to_thread(self._write_all, blobs)
-
-    def _write_all(self, blobs: dict[str, bytes]) -> None:
-        for digest, data in blobs.items():
-            path = self._path(digest)
-            if path.exists():
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_suffix(f".{os.getpid()}.tmp")
-            temp.write_bytes(data)
-            temp.replace(path)
-
-    async def get(self, digest: str) -> bytes:
-        try:
-            return await asyncio.to_thread(self._path(digest).read_bytes)
-        except FileNotFoundError:
-            raise ContextMissing(f"stored context {digest} is missing from {self._root}") from None
-
-
-class S3BlobStore:
-    """Blobs as objects ``context/<digest>`` in the payload bucket."""
-
-    def __init__(self, client: object, bucket: str) -> None:
-        self._client = client
-        self._bucket = bucket
-
-    async def put_many(self, blobs: dict[str, bytes]) -> None:
-        await asyncio.gather(
-            *(
-                self._client.put_object(bucket=self._bucket, key=f"context/{digest}", data=data)  # type: ignore[attr-defined]
-                for digest, data in blobs.items()
-            )
-        )
-
-    async def get(self, digest: str) -> bytes:
-        try:
-            return await self._client.get_object(bucket=self._bucket, key=f"context/{digest}")  # type: ignore[attr-defined,no-any-return]
-        except Exception as err:
-            raise ContextMissing(f"stored context {digest} is missing: {err}") from None
-
-
-def blob_store_from_env() -> BlobStore | None:
-    """The store next to the external payloads (None when AGENT_STORAGE=off)."""
-    setting = os.environ.get("AGENT_STORAGE", "").strip() or "file"
-    if setting == "off":
-        return None
-    if setting.startswith("s3://"):
-        from storage import s3_client
-
-        return S3BlobStore(*s3_client(setting))
-    root = Path(os.environ.get("AGENT_STORAGE_DIR", "").strip() or ".agent-data/payloads").resolve()
-    return FileBlobStore(root / "context")
-
-
-def digest_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """A stored message or manifest is gone or unreadable (the workflow resends inline)."""
 
 
 class ContextStore:
@@ -113,9 +37,13 @@ class ContextStore:
         self._cache_size = cache_size
 
     async def load(self, manifest: str) -> tuple[list[str], list[AgentMessage]]:
-        """The digests and messages a manifest names."""
-        digests = _DIGESTS.validate_json(await self._blobs.get(manifest))
-        messages = await asyncio.gather(*(self._message(d) for d in digests))
+        """The digests and messages a manifest names; ``ContextMissing`` if
+        any is gone or unreadable (a digest that is not one included)."""
+        try:
+            digests = [checked_digest(d) for d in _DIGESTS.validate_json(await self._blobs.get(manifest))]
+            messages = await asyncio.gather(*(self._message(d) for d in digests))
+        except (BlobMissing, ValidationError, ValueError) as err:
+            raise ContextMissing(f"stored context {str(manifest)[:80]} cannot be read: {err}") from None
         return digests, list(messages)
 
     async def _message(self, digest: str) -> AgentMessage:

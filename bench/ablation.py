@@ -30,9 +30,10 @@ from typing import Any
 import openai
 
 from bench import run as bench
-from config import Config, connect
-from local_stack import DevServer, start_worker, stop_process
-from scripted_model import ScriptedModelServer
+from runtime.connect import connect
+from runtime.settings import Settings
+from testbed.local_stack import DevServer, start_worker, stop_process
+from testbed.scripted_model import ScriptedModelServer
 
 VARIANTS: dict[str, dict[str, str]] = {
     "all on": {},
@@ -60,7 +61,7 @@ async def main(runs: int) -> dict[str, Any]:
     base: dict[int, list[float]] = {k: [] for k in ROUNDS}
     durable: dict[tuple[str, int], list[bench.DurableRun]] = {(v, k): [] for v in VARIANTS for k in ROUNDS}
     try:
-        client = await connect(Config(address=dev.address, task_queue=queues["all on"]))
+        client = await connect(Settings.from_env(address=dev.address, task_queue=queues["all on"]))
         for run in range(runs + 1):  # the first round warms every worker up and is dropped
             for rounds in ROUNDS:
                 model = f"base-{uuid.uuid4().hex[:6]}"

@@ -33,10 +33,11 @@ from temporalio.client import Client
 import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
 from activities.openai_chat import StreamAssembler, to_openai_messages
 from activities.tools import registered_tools
-from config import Config, connect, start_conversation
-from console.stream import follow
-from local_stack import DevServer, start_worker, stop_process
-from scripted_model import ScriptedModelServer
+from client import follow, start_conversation
+from runtime.connect import connect
+from runtime.settings import Settings
+from testbed.local_stack import DevServer, start_worker, stop_process
+from testbed.scripted_model import ScriptedModelServer
 from workflows.models import AgentMessage, TextContent, ToolResultMessage, UserMessage
 
 DATA = Path(".agent-data/bench")
@@ -305,7 +306,7 @@ async def main(runs: int, n: int) -> dict[str, Any]:
     env = {**stack_env(dev, server), "TEMPORAL_TASK_QUEUE": TASK_QUEUE}
     worker = start_worker(env, log_path=DATA / "worker.log")
     try:
-        client = await connect(Config(address=dev.address, task_queue=TASK_QUEUE))
+        client = await connect(Settings.from_env(address=dev.address, task_queue=TASK_QUEUE))
         summary = await compare(client, server, runs)
         summary["first_token"] = await first_token_latency(client, server)
         summary["kill_to_resume"] = await kill_to_resume(client, server, env)

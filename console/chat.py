@@ -25,10 +25,10 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from config import Config, start_conversation
+from client import follow, start_conversation
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
-from console.stream import follow
+from runtime.settings import Settings
 from workflows.contract import PromptResult, SessionState
 
 HELP = """\
@@ -45,7 +45,7 @@ _PROMPT = FormattedText([("bold", "› ")])
 _CONVERSATION_ENDED = "The conversation has ended."
 
 
-async def chat(client: Client, config: Config, workflow_id: str | None, settings: dict[str, Any]) -> None:
+async def chat(client: Client, config: Settings, workflow_id: str | None, settings: dict[str, Any]) -> None:
     """Chat with conversation ``workflow_id``, starting it (with ``settings``,
     camelCase) when no conversation has that id yet, or with a new one when
     it is ``None``. Re-attaching prints the transcript, then goes on live
@@ -56,7 +56,7 @@ async def chat(client: Client, config: Config, workflow_id: str | None, settings
 
 
 async def _attach_or_start(
-    client: Client, config: Config, workflow_id: str, settings: dict[str, Any]
+    client: Client, config: Settings, workflow_id: str, settings: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], int]:
     """The transcript and offset of conversation ``workflow_id``; a
     conversation that does not exist yet is started (users name their chats)."""

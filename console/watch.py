@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from temporalio.client import Client
 
+from client import follow
 from console.render import EventRenderer, json_line
-from console.stream import follow
 
 
 async def watch(client: Client, workflow_id: str, *, as_json: bool, from_offset: int = 0) -> None:

@@ -32,6 +32,10 @@ class Settings:
     namespace: str = "default"
     task_queue: str = "agent"
     ui_url: str = "http://localhost:8233"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    temporal_api_key: str | None = field(default=None, repr=False)
     # The model
     default_model: str = "gpt-4o-mini"
     openai_api_key: str | None = field(default=None, repr=False)
@@ -72,6 +76,10 @@ class Settings:
             namespace=text("TEMPORAL_NAMESPACE", "default") or "",
             task_queue=text("TEMPORAL_TASK_QUEUE", "agent") or "",
             ui_url=text("TEMPORAL_UI_URL", "http://localhost:8233") or "",
+            tls_cert=_optional_path(text("TEMPORAL_TLS_CERT")),
+            tls_key=_optional_path(text("TEMPORAL_TLS_KEY")),
+            tls_ca=_optional_path(text("TEMPORAL_TLS_CA")),
+            temporal_api_key=text("TEMPORAL_API_KEY"),
             default_model=text("AGENT_MODEL", "gpt-4o-mini") or "",
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
@@ -96,6 +104,17 @@ class Settings:
         return replace(settings, **overrides) if overrides else settings
 
     def check(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError(
+                "TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY go together (mutual TLS): set both or neither."
+            )
+        for name, path in (
+            ("TEMPORAL_TLS_CERT", self.tls_cert),
+            ("TEMPORAL_TLS_KEY", self.tls_key),
+            ("TEMPORAL_TLS_CA", self.tls_ca),
+        ):
+            if path is not None and not path.is_file():
+                raise SettingsError(f"{name}={path} is not a readable file.")
         if self.storage not in ("file", "off") and not self.storage.startswith("s3://"):
             raise SettingsError(
                 f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {self.storage!r}."
@@ -118,6 +137,10 @@ def _names(raw: str | None) -> list[str]:
 
 def _path(raw: str | None, default: Path) -> Path:
     return Path(raw).expanduser().resolve() if raw else default.resolve()
+
+
+def _optional_path(raw: str | None) -> Path | None:
+    return Path(raw).expanduser().resolve() if raw else None
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:

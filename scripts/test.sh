@@ -23,7 +23,7 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
 echo "== mypy"
-.venv/bin/mypy workflows activities console runtime config.py worker.py starter.py storage.py demo.py codec_server.py local_stack.py
+.venv/bin/mypy workflows activities runtime console testbed worker.py starter.py client.py demo.py codec_server.py
 echo "== docker-compose config"
 bash .ci/check-compose
 echo "== pytest"

@@ -23,10 +23,11 @@ from temporalio.client import Client, WorkflowHandle
 
 import activities.builtin_tools  # noqa: F401
 import tests.support.tools  # noqa: F401
-from config import Config, connect, start_conversation
-from console.stream import follow
-from local_stack import DevServer
-from scripted_model import ScriptedModelServer
+from client import follow, start_conversation
+from runtime.connect import connect
+from runtime.settings import Settings
+from testbed.local_stack import DevServer
+from testbed.scripted_model import ScriptedModelServer
 from tests.support.stack import EventLog
 from worker import build_worker
 
@@ -172,7 +173,7 @@ async def record(names: list[str]) -> None:
         OPENAI_BASE_URL=model_server.base_url, OPENAI_API_KEY="recording", AGENT_MODEL="scripted"
     )
     try:
-        config = Config(address=server.address, task_queue=TASK_QUEUE)
+        config = Settings.from_env(address=server.address, task_queue=TASK_QUEUE)
         client = await connect(config)
         async with build_worker(client, config):
             for name, scenario in SCENARIOS.items():

@@ -37,7 +37,7 @@ from temporalio.converter import DataConverter, PayloadCodec
 
 import codec_server
 from codec_server import CodecSettings, build_app, payload_converter, settings_from
-from local_stack import CodecServer, temporal_cli
+from testbed.local_stack import CodecServer, temporal_cli
 from tests.support.stack import Stack
 
 COMPRESS_BYTES = 64

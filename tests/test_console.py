@@ -25,7 +25,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
-from local_stack import DevServer
+from testbed.local_stack import DevServer
 from tests.support.stack import Stack
 from workflows.models import EVENTS_TOPIC
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus
 
-from config import WORKFLOW_TASK_TIMEOUT
+from client import WORKFLOW_TASK_TIMEOUT
 from tests.support.stack import EventLog, Stack, outline
 from workflows.models import EventAdapter
 

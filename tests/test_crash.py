@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from config import start_conversation
-from local_stack import start_worker, stop_process
+from client import start_conversation
+from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 
 

@@ -14,7 +14,7 @@ from temporalio.client import Client
 import activities.builtin_tools  # noqa: F401  (registers the example tools)
 import tests.support.tools  # noqa: F401  (registers the test tools)
 from runtime.settings import Settings
-from scripted_model import ScriptedModelServer
+from testbed.scripted_model import ScriptedModelServer
 from tests.support.guarded_hooks import GuardedHooks
 from worker import build_worker
 from workflows.contract import SessionResult

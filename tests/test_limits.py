@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from config import Config, connect
-from local_stack import DevServer, free_port, start_worker, stop_process
-from scripted_model import ScriptedModelServer
+from runtime.connect import connect
+from runtime.settings import Settings
+from testbed.local_stack import DevServer, free_port, start_worker, stop_process
+from testbed.scripted_model import ScriptedModelServer
 from tests.support.stack import EventLog, Stack
 from workflows.contract import SessionResult
 
@@ -41,7 +42,7 @@ async def test_dev_server_restart_during_a_run(
         ],
     )
     try:
-        client = await connect(Config(address=server.address))
+        client = await connect(Settings.from_env(address=server.address))
         handle = await client.start_workflow(
             "AgentWorkflow",
             {"model": model, "prompt": "work", "closeWhenIdle": True},
@@ -56,7 +57,7 @@ async def test_dev_server_restart_during_a_run(
         server.stop()  # SIGTERM: the file-backed server shuts down cleanly
         server.start()
         restarted_after = time.monotonic() - stopped_at
-        client = await connect(Config(address=server.address))
+        client = await connect(Settings.from_env(address=server.address))
         handle = client.get_workflow_handle(handle.id, result_type=SessionResult)
         result = await handle.result()
         finished_after = time.monotonic() - stopped_at

@@ -13,8 +13,8 @@ from temporalio.worker import Replayer
 import activities.builtin_tools  # noqa: F401  (the registry the legacy recordings saw)
 import tests.support.tools  # noqa: F401
 from activities.tools import declarations, registered_tools
+from runtime.payloads import data_converter_from_env
 from runtime.sandbox import workflow_runner
-from storage import data_converter_from_env
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
 

@@ -18,7 +18,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
-from config import start_conversation
+from client import start_conversation
 from tests.support.stack import EventLog, Stack
 from workflows.contract import SessionState
 

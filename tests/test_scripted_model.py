@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from scripted_model import ScriptedModelServer, ScriptStep, respond
+from testbed.scripted_model import ScriptedModelServer, ScriptStep, respond
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USER_HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -414,7 +414,7 @@ def test_demo_brain_is_deterministic() -> None:
 
 def test_main_prints_the_url_and_exits_zero_on_sigterm() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "scripted_model", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "testbed.scripted_model", "--host", "127.0.0.1", "--port", "0"],
         cwd=PROJECT_ROOT,
         stdout=subprocess.PIPE,
         text=True,

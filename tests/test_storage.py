@@ -26,17 +26,18 @@ from temporalio.converter import (
 )
 from temporalio.worker import Worker
 
-from config import Config, connect
-from storage import (
+from runtime.connect import connect
+from runtime.payloads import (
     DEFAULT_THRESHOLD_BYTES,
     FileSystemStorageDriver,
     StoredPayloadMissing,
     data_converter_from_env,
-    storage_from_env,
+    external_storage,
 )
+from runtime.settings import Settings
 
 if TYPE_CHECKING:  # local_stack resolves paths at import, which the workflow sandbox refuses
-    from local_stack import DevServer
+    from testbed.local_stack import DevServer
 
 THRESHOLD = 1024
 # Random hex: compression (on by default) must not make it small.
@@ -107,20 +108,26 @@ async def test_reference_with_bad_digest_is_refused(tmp_path: Path) -> None:
         await driver.retrieve(StorageDriverRetrieveContext(), [claim])
 
 
-def test_storage_defaults_to_files_under_working_directory(
+def storage_from_env() -> object:
+    return external_storage(Settings.from_env())
+
+
+def test_storage_defaults_to_files_in_the_users_data_directory(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("AGENT_STORAGE", raising=False)
-    monkeypatch.delenv("AGENT_STORAGE_DIR", raising=False)
-    monkeypatch.delenv("AGENT_STORAGE_THRESHOLD_BYTES", raising=False)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    for name in ("AGENT_STORAGE", "AGENT_STORAGE_DIR", "AGENT_STORAGE_THRESHOLD_BYTES", "AGENT_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
 
-    storage = storage_from_env()
+    storage = external_storage(Settings.from_env())
 
     assert storage is not None
     [driver] = storage.drivers
     assert isinstance(driver, FileSystemStorageDriver)
-    assert driver.root == tmp_path.resolve() / ".agent-data" / "payloads"
+    assert driver.root == (tmp_path / "data").resolve() / "durable-agent" / "payloads"
+    assert driver.root.is_absolute()
     assert storage.payload_size_threshold == DEFAULT_THRESHOLD_BYTES
 
 
@@ -150,8 +157,8 @@ def test_off_disables_storage(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ("AGENT_STORAGE", "ftp://somewhere", "AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix'"),
         ("AGENT_STORAGE", "s3://", "names no bucket"),
-        ("AGENT_STORAGE_THRESHOLD_BYTES", "256KiB", "must be a whole number of bytes"),
-        ("AGENT_STORAGE_THRESHOLD_BYTES", "-1", "must be a whole number of bytes"),
+        ("AGENT_STORAGE_THRESHOLD_BYTES", "256KiB", "must be a whole number"),
+        ("AGENT_STORAGE_THRESHOLD_BYTES", "-1", "must not be negative"),
     ],
 )
 def test_bad_setting_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str) -> None:
@@ -220,7 +227,7 @@ class BigResultWorkflow:
 async def run_big_result_workflow(dev_server: DevServer) -> WorkflowHandle[BigResultWorkflow, int]:
     """Run ``BigResultWorkflow`` to completion on its own task queue, with the
     converter the environment asks for; raises its failure."""
-    client = await connect(Config(address=dev_server.address))
+    client = await connect(Settings.from_env(address=dev_server.address))
     task_queue = f"storage-{uuid.uuid4().hex[:8]}"
     async with Worker(
         client, task_queue=task_queue, workflows=[BigResultWorkflow], activities=[make_big_string]
@@ -263,7 +270,7 @@ async def test_three_megabyte_activity_result_fails_without_storage(
 
 
 async def test_large_payloads_are_compressed_and_small_ones_stay_readable() -> None:
-    from storage import CompressionCodec
+    from runtime.payloads import CompressionCodec
 
     converter = dataclasses.replace(pydantic_data_converter, payload_codec=CompressionCodec(2048))
     big = {"messages": ["the same words again " * 20] * 50}

@@ -14,9 +14,9 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
 
 import activities.events as events_module
-import console.stream
+import client
 from activities.events import ActivityEventPublisher
-from console.stream import PollInterval, follow
+from client import PollInterval, follow
 from tests.support.stack import EventLog, Stack, read_events
 from workflows.models import AgentStartEvent
 
@@ -137,7 +137,7 @@ async def test_a_subscriber_gives_up_on_an_error_that_does_not_pass(
 
         return subscribe
 
-    monkeypatch.setattr(console.stream, "MAX_RETRIES", 2)
+    monkeypatch.setattr(client, "MAX_RETRIES", 2)
     monkeypatch.setattr(WorkflowStreamClient, "subscribe", failing(ABORTED))
     with pytest.raises(RPCError, match="workflow task failure"):
         await read_events(stack.client, handle.id)
@@ -268,7 +268,7 @@ def test_the_poll_cooldown_counts_from_the_start_of_the_previous_poll(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr(console.stream.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(client.time, "monotonic", lambda: clock[0])
     interval = PollInterval(100)
     waits = []
     # (seconds the poll took, as the stream client sees it) -> wait before the next

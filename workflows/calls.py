@@ -42,8 +42,10 @@ TOOL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts
 HEARTBEAT_TIMEOUT = timedelta(seconds=3)
 # Temporal refuses more than 2,000 pending activities per workflow (and a
 # workflow task completion is limited in size): a batch with more tool
-# calls runs them in waves of at most this many at once.
-MAX_TOOL_ACTIVITIES_AT_ONCE = 500
+# calls runs at most this many at once, the next starting as one ends (a
+# worker runs 200 activities at a time by default, so more would only wait
+# on the server).
+MAX_TOOL_ACTIVITIES_AT_ONCE = 200
 # Activity ids above ~1,000 bytes are refused; long tool-call ids are cut
 # and made unique by a digest.
 MAX_ID_CHARS = 200

@@ -225,7 +225,9 @@ class Session:
 
     def settings_in_force(self) -> AgentSettings:
         """The settings now in force (``tools``: the names the model may call)."""
-        settings = AgentSettings.model_validate(self.settings.model_dump(include=set(AgentSettings.model_fields)))
+        settings = AgentSettings.model_validate(
+            self.settings.model_dump(include=set(AgentSettings.model_fields))
+        )
         settings.tools = list(self.enabled_tools())
         return settings
 

@@ -9,10 +9,9 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from config import start_conversation
-from console.stream import follow
-from local_stack import DevServer
-from scripted_model import ScriptedModelServer
+from client import follow, start_conversation
+from testbed.local_stack import DevServer
+from testbed.scripted_model import ScriptedModelServer
 from workflows.contract import SessionState
 from workflows.models import AgentMessage, EventAdapter
 

@@ -1,19 +1,18 @@
-"""External payload storage: large payloads go to a file store or S3 and the
-workflow history keeps a small reference, so a long conversation stays under
-Temporal's 2 MB payload and 50 MB history limits.
+"""How payloads are written: the pydantic JSON converter, compression, and
+external storage (large payloads go to a file store or S3 and the workflow
+history keeps a small reference, so a long conversation stays under
+Temporal's 2 MB payload and 50 MB history limits).
 
-Every client and worker of one deployment must use the same store: a worker
-that cannot read a reference cannot replay the workflow that holds it.
+``data_converter(settings)`` is the one place this is put together: the
+worker, every client and the codec server use it. Every client and worker of
+one deployment must use the same settings: a worker that cannot read a
+reference cannot replay the workflow that holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import os
-import re
-import tempfile
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -34,25 +33,25 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
+from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
 from runtime.converter import AgentPayloadConverter
+from runtime.settings import Settings
 
-DEFAULT_STORAGE_DIR = Path(".agent-data/payloads")
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
 DEFAULT_COMPRESS_BYTES = 2048
 
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
 
 class StoredPayloadMissing(FileNotFoundError):
-    """A reference in the history points at a stored payload that is gone."""
+    """A reference in the history points at a stored payload that is gone (or corrupt)."""
 
 
 class FileSystemStorageDriver(StorageDriver):
     """Stores payloads as files under ``root``, once per content.
 
-    A payload lives at ``root/<namespace>/<first 2 hex>/<sha256>``, the hash
-    taken over its serialized bytes, so storing the same payload twice writes
-    one file. Workers on several machines need ``root`` on a shared volume.
+    A payload lives at ``root/<namespace>/<first 2 hex>/<sha256>`` (the blob
+    store, ``activities/blobs.py``), the hash taken over its serialized
+    bytes, so storing the same payload twice writes one file. Workers on
+    several machines need ``root`` on a shared volume.
     """
 
     def __init__(self, root: Path) -> None:
@@ -79,44 +78,34 @@ class FileSystemStorageDriver(StorageDriver):
         """Read each claimed file back, checking its hash."""
         return await asyncio.gather(*(asyncio.to_thread(self._read, claim) for claim in claims))
 
+    def blobs(self, namespace: str) -> FileBlobStore:
+        return FileBlobStore(self.root / _namespace_dir(namespace))
+
     def path_for(self, namespace: str, digest: str) -> Path:
         """Where the payload with this sha256 hex digest lives."""
-        return self.root / _namespace_dir(namespace) / digest[:2] / digest
+        return self.blobs(namespace).path(digest)
 
     def _write(self, namespace: str, payload: Payload) -> StorageDriverClaim:
         data = payload.SerializeToString()
-        digest = hashlib.sha256(data).hexdigest()
-        path = self.path_for(namespace, digest)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Rename is atomic, so a reader never sees a half-written file and
-            # two writers of the same content both leave a whole one.
-            fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:8]}-")
-            try:
-                with os.fdopen(fd, "wb") as temp:
-                    temp.write(data)
-                    temp.flush()
-                    os.fsync(temp.fileno())
-                os.replace(temp_name, path)
-            except BaseException:
-                Path(temp_name).unlink(missing_ok=True)
-                raise
+        digest = digest_of(data)
+        self.blobs(namespace).write(digest, data)
         return StorageDriverClaim(claim_data={"namespace": namespace, "sha256": digest})
 
     def _read(self, claim: StorageDriverClaim) -> Payload:
         digest = claim.claim_data.get("sha256", "")
-        if not _SHA256_HEX.fullmatch(digest):
-            raise ValueError(f"Payload reference {dict(claim.claim_data)} has no valid sha256 digest.")
-        path = self.path_for(claim.claim_data.get("namespace", "default"), digest)
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+            checked_digest(digest)
+        except ValueError:
+            raise ValueError(
+                f"Payload reference {dict(claim.claim_data)} has no valid sha256 digest."
+            ) from None
+        try:
+            data = self.blobs(claim.claim_data.get("namespace", "default")).read(digest)
+        except BlobMissing as err:
             raise StoredPayloadMissing(
-                f"Stored payload {path} is missing: restore it, or point AGENT_STORAGE_DIR "
+                f"Stored payload {err}: restore it, or point AGENT_STORAGE_DIR "
                 "at the payload store this workflow was written with."
             ) from None
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(f"Stored payload {path} is corrupt (its sha256 does not match its name).")
         payload = Payload()
         payload.ParseFromString(data)
         return payload
@@ -169,13 +158,7 @@ class _PrefixedS3Client(S3StorageDriverClient):
             return await client.get_object(bucket=bucket, key=self._key(key))
 
 
-def _s3_driver(url: str) -> S3StorageDriver:
-    """The SDK's S3 driver for ``s3://bucket/prefix`` (endpoint and region from AWS_* variables)."""
-    client, bucket = s3_client(url)
-    return S3StorageDriver(client=client, bucket=bucket)
-
-
-def s3_client(url: str) -> tuple[S3StorageDriverClient, str]:
+def s3_client(url: str, settings: Settings) -> tuple[S3StorageDriverClient, str]:
     """An S3 client keeping keys under the prefix of ``s3://bucket/prefix``, and the bucket."""
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     if not bucket:
@@ -190,43 +173,35 @@ def s3_client(url: str) -> tuple[S3StorageDriverClient, str]:
         ) from None
     session = aioboto3.Session()
     client = _PrefixedS3Client(
-        lambda: session.client(
-            "s3",
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-            region_name=os.environ.get("AWS_REGION") or None,
-        ),
+        lambda: session.client("s3", endpoint_url=settings.aws_endpoint_url, region_name=settings.aws_region),
         new_aioboto3_client,
         prefix.strip("/"),
     )
     return client, bucket
 
 
-def _threshold_from_env() -> int:
-    raw = os.environ.get("AGENT_STORAGE_THRESHOLD_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_THRESHOLD_BYTES
-    if not raw.isdigit():
-        raise ValueError(
-            f"AGENT_STORAGE_THRESHOLD_BYTES must be a whole number of bytes (0 or more), got {raw!r}."
-        )
-    return int(raw)
-
-
-def storage_from_env() -> ExternalStorage | None:
-    """External storage as configured by AGENT_STORAGE (``file``, ``s3://bucket/prefix`` or ``off``)."""
-    setting = os.environ.get("AGENT_STORAGE", "").strip() or "file"
-    if setting == "off":
+def external_storage(settings: Settings) -> ExternalStorage | None:
+    """External storage as ``AGENT_STORAGE`` says (``file``, ``s3://bucket/prefix`` or ``off``)."""
+    if settings.storage == "off":
         return None
-    threshold = _threshold_from_env()
     driver: StorageDriver
-    if setting == "file":
-        root = Path(os.environ.get("AGENT_STORAGE_DIR", "").strip() or DEFAULT_STORAGE_DIR)
-        driver = FileSystemStorageDriver(root.resolve())
-    elif setting.startswith("s3://"):
-        driver = _s3_driver(setting)
+    if settings.storage.startswith("s3://"):
+        client, bucket = s3_client(settings.storage, settings)
+        driver = S3StorageDriver(client=client, bucket=bucket)
     else:
-        raise ValueError(f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {setting!r}.")
-    return ExternalStorage(drivers=[driver], payload_size_threshold=threshold)
+        driver = FileSystemStorageDriver(settings.storage_dir)
+    return ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage_threshold)
+
+
+def blob_store(settings: Settings) -> BlobStore | None:
+    """The content-addressed store beside the external payloads (None when
+    ``AGENT_STORAGE=off``), for the context store."""
+    if settings.storage == "off":
+        return None
+    if settings.storage.startswith("s3://"):
+        client, bucket = s3_client(settings.storage, settings)
+        return S3BlobStore(client, bucket)
+    return FileBlobStore(settings.storage_dir / "context")
 
 
 class CompressionCodec(PayloadCodec):
@@ -260,21 +235,19 @@ class CompressionCodec(PayloadCodec):
 _ZLIB = b"binary/zlib"
 
 
-def _compression_from_env() -> CompressionCodec | None:
-    raw = os.environ.get("AGENT_COMPRESS_THRESHOLD_BYTES", "").strip() or str(DEFAULT_COMPRESS_BYTES)
-    if raw == "off":
-        return None
-    if not raw.isdigit():
-        raise ValueError(f"AGENT_COMPRESS_THRESHOLD_BYTES must be a number of bytes or 'off', got {raw!r}.")
-    return CompressionCodec(int(raw))
-
-
-def data_converter_from_env() -> DataConverter:
-    """The pydantic data converter with the compression and external storage
-    the environment asks for. Workers and clients must agree on both."""
+def data_converter(settings: Settings) -> DataConverter:
+    """The data converter of the worker, its clients and the codec server:
+    pydantic JSON, compression and external storage as ``settings`` say.
+    Workers and clients must agree on all three."""
+    threshold = settings.compress_threshold
     return dataclasses.replace(
         pydantic_data_converter,
         payload_converter_class=AgentPayloadConverter,
-        payload_codec=_compression_from_env(),
-        external_storage=storage_from_env(),
+        payload_codec=CompressionCodec(threshold) if threshold is not None else None,
+        external_storage=external_storage(settings),
     )
+
+
+def data_converter_from_env() -> DataConverter:
+    """``data_converter`` with the settings of the environment."""
+    return data_converter(Settings.from_env())

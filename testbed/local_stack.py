@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the project
 
 
 def free_port() -> int:
@@ -214,7 +214,7 @@ def start_scripted_model(log_path: Path | None = None) -> tuple[subprocess.Popen
     """``python -m scripted_model`` as a child process; returns it and its base URL."""
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(
-        [sys.executable, "-m", "scripted_model", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "testbed.scripted_model", "--host", "127.0.0.1", "--port", "0"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=log,

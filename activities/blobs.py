@@ -1,0 +1,128 @@
+"""The one content-addressed blob store: bytes kept under the sha256 of
+their content, on a filesystem or in S3.
+
+Two things use it: external payload storage (payloads too large for the
+history, ``runtime/payloads.py``) and the context store (the messages a
+model call needs, ``activities/context_store.py``). A digest is always 64
+lowercase hex characters (anything else is refused: a digest comes from a
+history, which a client may have written); what is read is checked against
+its digest, and a blob that fails the check is treated as missing (and
+removed, so the next write puts it back whole). Files are written
+atomically (a unique temporary file, fsync, rename) and readable by their
+owner only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class BlobMissing(LookupError):
+    """A blob is not in the store, or what is there does not match its digest."""
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def checked_digest(digest: Any) -> str:
+    """``digest`` if it is a sha256 hex digest, else ``ValueError``."""
+    if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+        shown = repr(digest)[:80]
+        raise ValueError(f"{shown} is not a content digest (64 lowercase hex characters).")
+    return digest
+
+
+class BlobStore(Protocol):
+    async def put_many(self, blobs: dict[str, bytes]) -> None: ...
+    async def get(self, digest: str) -> bytes: ...
+
+
+class FileBlobStore:
+    """Blobs as files ``root/<first 2 hex>/<digest>``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, digest: str) -> Path:
+        digest = checked_digest(digest)
+        return self.root / digest[:2] / digest
+
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        await asyncio.to_thread(self.write_all, blobs)
+
+    async def get(self, digest: str) -> bytes:
+        return await asyncio.to_thread(self.read, digest)
+
+    def write_all(self, blobs: dict[str, bytes]) -> None:
+        for digest, data in blobs.items():
+            self.write(digest, data)
+
+    def write(self, digest: str, data: bytes) -> None:
+        """Write ``data`` under ``digest`` unless it is there already."""
+        path = self.path(digest)
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # A unique temporary name (mkstemp, mode 0600) per writer, so two
+        # writers of the same blob never share one; the rename is atomic,
+        # so a reader sees nothing or the whole blob.
+        fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:8]}-")
+        try:
+            with os.fdopen(fd, "wb") as temp:
+                temp.write(data)
+                temp.flush()
+                os.fsync(temp.fileno())
+            os.replace(temp_name, path)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
+
+    def read(self, digest: str) -> bytes:
+        """The blob, checked against its digest; ``BlobMissing`` if absent or corrupt."""
+        path = self.path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise BlobMissing(f"{path} is missing") from None
+        if digest_of(data) != digest:
+            with contextlib.suppress(OSError):
+                path.unlink()  # the next write of this content puts it back whole
+            raise BlobMissing(f"{path} was corrupt (its sha256 did not match its name) and was removed")
+        return data
+
+
+class S3BlobStore:
+    """Blobs as objects ``<prefix><digest>`` in a bucket (the SDK's S3 client)."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "context/") -> None:
+        self._client = client
+        self._bucket = bucket
+        self._prefix = prefix
+
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        await asyncio.gather(
+            *(
+                self._client.put_object(bucket=self._bucket, key=self._prefix + checked_digest(d), data=data)
+                for d, data in blobs.items()
+            )
+        )
+
+    async def get(self, digest: str) -> bytes:
+        key = self._prefix + checked_digest(digest)
+        try:
+            data: bytes = await self._client.get_object(bucket=self._bucket, key=key)
+        except Exception as err:
+            raise BlobMissing(f"s3://{self._bucket}/{key} could not be read: {err}") from None
+        if digest_of(data) != digest:
+            raise BlobMissing(f"s3://{self._bucket}/{key} is corrupt (its sha256 does not match)")
+        return data

@@ -1,0 +1,308 @@
+"""``Conversation``: pi's ``Agent`` for scripts, over a durable conversation.
+
+    from client import Conversation
+    from runtime.connect import connect
+    from runtime.settings import Settings
+
+    settings = Settings.from_env()
+    chat = await Conversation.start(await connect(settings), settings, model="gpt-4o-mini")
+    messages = await chat.prompt("What is 17*23?")      # returns when the run ends
+    await chat.steer("Also show your work.")            # while a run is active
+    other = await chat.fork(at=1)                        # try another answer from message 1
+
+Every method maps onto the workflow's public contract (SPEC §7-9); the
+starter, the console, the demo and the benchmark reach conversations only
+through this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.service import RPCError, RPCStatusCode
+
+from runtime.settings import Settings
+from workflows.contract import (
+    AgentSettings,
+    ApprovalRequest,
+    PromptResult,
+    SessionResult,
+    SessionState,
+    WaitForIdleResult,
+)
+from workflows.models import EVENTS_TOPIC, AgentMessage, MessageList
+
+WORKFLOW_TYPE = "AgentWorkflow"
+# How long the server waits for a worker that took a workflow task before
+# giving it to another. This workflow's tasks take milliseconds, but a worker
+# that dies while holding one (SIGKILL, OOM, node loss) stalls the
+# conversation for this long; the server's default is 10 s. 4 s leaves room
+# for replaying a long history on a busy worker (100 concurrent
+# conversations on one worker saw no timeouts, bench/README.md).
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=4)
+
+Message = str | dict[str, Any] | AgentMessage
+
+
+async def start_conversation(
+    client: Client, workflow_id: str, input: dict[str, Any], *, task_queue: str, **options: Any
+) -> WorkflowHandle[Any, SessionResult]:
+    """Start an ``AgentWorkflow`` conversation (camelCase ``input``) with the
+    project's workflow task timeout; ``options`` go to ``start_workflow``."""
+    return await client.start_workflow(
+        WORKFLOW_TYPE,
+        input,
+        id=workflow_id,
+        task_queue=task_queue,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
+        result_type=SessionResult,
+        **options,
+    )
+
+
+class Conversation:
+    """One durable conversation (a workflow execution), as pi's ``Agent``."""
+
+    def __init__(self, client: Client, conversation_id: str) -> None:
+        self.client = client
+        self.id = conversation_id
+        self.handle: WorkflowHandle[Any, SessionResult] = client.get_workflow_handle(
+            conversation_id, result_type=SessionResult
+        )
+
+    # --- start and attach -------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        client: Client,
+        settings: Settings,
+        *,
+        id: str | None = None,
+        prompt: Message | list[Message] | None = None,
+        messages: list[AgentMessage] | None = None,
+        **options: Any,
+    ) -> Conversation:
+        """Start a conversation; ``options`` are start settings in snake_case
+        (``model``, ``system_prompt``, ``thinking_level``, ``tools``,
+        ``close_when_idle``, ...), as the start input takes them."""
+        conversation_id = id or f"chat-{uuid.uuid4().hex[:8]}"
+        input: dict[str, Any] = {_camel(k): v for k, v in options.items() if v is not None}
+        if prompt is not None:
+            input["prompt"] = _wire(prompt)
+        if messages:
+            input["messages"] = MessageList.dump_python(messages, mode="json")
+        await start_conversation(client, conversation_id, input, task_queue=settings.task_queue)
+        return cls(client, conversation_id)
+
+    @classmethod
+    def attach(cls, client: Client, conversation_id: str) -> Conversation:
+        """The conversation ``conversation_id`` (no call is made)."""
+        return cls(client, conversation_id)
+
+    async def exists(self) -> bool:
+        try:
+            await self.handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    # --- runs ---------------------------------------------------------------------------
+
+    async def prompt(self, message: Message | list[Message], *, wait: bool = True) -> list[AgentMessage]:
+        """Start a run (refused while one is active). With ``wait`` (pi's
+        ``prompt()``), return the run's new messages when it ends; without,
+        return at once (an empty list)."""
+        started = await self.handle.execute_update("prompt", _wire(message), result_type=PromptResult)
+        return await self._run_messages(started) if wait else []
+
+    async def continue_(self, *, wait: bool = True) -> list[AgentMessage]:
+        """pi's ``continue()``: run from the transcript and the queues."""
+        started = await self.handle.execute_update("continue", result_type=PromptResult)
+        return await self._run_messages(started) if wait else []
+
+    async def _run_messages(self, started: PromptResult) -> list[AgentMessage]:
+        async for _, event in self.events(started.event_offset):
+            if event.get("type") == "agent_end":
+                return MessageList.validate_python(event["messages"])
+        return []
+
+    async def steer(self, message: Message) -> None:
+        """Inject a message after the current tool batch, before the next model call."""
+        await self.handle.signal("steer", _wire(message))
+
+    async def follow_up(self, message: Message) -> None:
+        """Queue a message for when the agent would otherwise stop."""
+        await self.handle.signal("follow_up", _wire(message))
+
+    async def abort(self) -> None:
+        await self.handle.signal("abort")
+
+    async def stop_after_turn(self) -> None:
+        await self.handle.signal("stop_after_turn")
+
+    async def close(self) -> None:
+        """End the conversation (an active run is aborted first)."""
+        await self.handle.signal("close")
+
+    async def wait_for_idle(self) -> WaitForIdleResult:
+        """pi's ``waitForIdle()``: returns when no run is active (asked again
+        when the conversation continued as new meanwhile)."""
+        while True:
+            try:
+                return await self.handle.execute_update("wait_for_idle", result_type=WaitForIdleResult)
+            except WorkflowUpdateFailedError as err:
+                if getattr(err.cause, "type", None) != "ContinuedAsNew":
+                    raise
+
+    async def approve(self, tool_call_id: str, approved: bool = True, reason: str | None = None) -> None:
+        """Decide a tool call that waits for approval."""
+        request = ApprovalRequest(tool_call_id=tool_call_id, approved=approved, reason=reason)
+        await self.handle.execute_update("approve_tool", request.model_dump())
+
+    # --- settings and state -----------------------------------------------------------------
+
+    async def configure(self, **settings: Any) -> AgentSettings:
+        """Change settings (snake_case: ``model``, ``system_prompt``,
+        ``thinking_level``, ``tools``, ``steering_mode``, ...); returns those in force."""
+        patch = {_camel(k): v for k, v in settings.items()}
+        return await self.handle.execute_update("configure", patch, result_type=AgentSettings)
+
+    async def clear_queues(self, which: str = "all") -> list[AgentMessage]:
+        """Remove queued messages (``steering``, ``followUp`` or ``all``); returns them, oldest first."""
+        return await self.handle.execute_update("clear_queues", which, result_type=list[AgentMessage])
+
+    async def reset(self) -> SessionState:
+        return await self.handle.execute_update("reset", result_type=SessionState)
+
+    async def state(self) -> SessionState:
+        return await self.handle.query("state", result_type=SessionState)
+
+    async def messages(self) -> list[AgentMessage]:
+        return await self.handle.query("messages", result_type=list[AgentMessage])
+
+    async def result(self) -> SessionResult:
+        """The transcript, once the conversation is closed."""
+        return await self.handle.result()
+
+    async def fork(
+        self, at: int, settings: Settings, *, id: str | None = None, **options: Any
+    ) -> Conversation:
+        """A new conversation from the first ``at`` messages of this one, with
+        its settings (``options`` override them): try another answer from
+        any point. The new conversation starts idle; prompt or continue it."""
+        messages = (await self.messages())[:at]
+        state = await self.state()
+        current = state.model_dump(include=set(AgentSettings.model_fields), by_alias=False)
+        current.pop("tools", None)  # the new conversation declares its worker's tools
+        return await Conversation.start(
+            self.client,
+            settings,
+            id=id or f"{self.id}-fork-{uuid.uuid4().hex[:4]}",
+            messages=messages,
+            **{**current, **options},
+        )
+
+    # --- events -----------------------------------------------------------------------------
+
+    def events(
+        self, from_offset: int = 0, *, cooldown_ms: int = 100
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """``(offset, event)`` from ``from_offset`` on, reconnecting; see ``follow``."""
+        return follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _wire(message: Message | list[Message]) -> Any:
+    if isinstance(message, list):
+        return [_wire(m) for m in message]
+    if isinstance(message, (str, dict)):
+        return message
+    return message.model_dump(mode="json")
+
+
+# --- following the event stream -------------------------------------------------------------
+
+# Errors a poll can meet while the workflow is healthy, after which polling
+# again from the same offset is right:
+# - FAILED_PRECONDITION "...update due to unexpected workflow task failure":
+#   the server failed the workflow task that carried the poll, most often
+#   because a signal arrived while it was completing a continue-as-new
+#   (cause UnhandledCommand); the task is retried and the workflow goes on.
+# - UNAVAILABLE "workflow update was aborted" and other transport blips.
+_TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
+# Retries in a row without a new event before the error is the caller's:
+# 0.1 s doubling to 2 s, about 25 s in all.
+MAX_RETRIES = 15
+
+
+class PollInterval(timedelta):
+    """A poll cooldown counted from the start of the previous poll, not from
+    its end: polls are still at most one per interval, but after a long poll
+    that waited for events (an idle stream, a model thinking) the next poll
+    goes out at once instead of a whole interval later. The stream client
+    reads ``total_seconds()`` when a poll has returned, as the time to wait
+    before the next one.
+    """
+
+    _next_poll_at: float
+
+    def __new__(cls, milliseconds: float) -> PollInterval:
+        interval = super().__new__(cls, milliseconds=milliseconds)
+        interval._next_poll_at = time.monotonic()  # the first poll starts now
+        return interval
+
+    def total_seconds(self) -> float:
+        now = time.monotonic()
+        wait = max(0.0, super().total_seconds() - (now - self._next_poll_at))
+        self._next_poll_at = now + wait
+        return wait
+
+
+async def follow(
+    client: Client, workflow_id: str, from_offset: int = 0, *, cooldown_ms: int = 100
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(offset, event)`` from ``from_offset`` on, across continue-as-new,
+    until the workflow completes (then the retained events are drained first).
+
+    Events are pi's camelCase dicts, as published. ``cooldown_ms`` is the
+    least time from one poll's start to the next's (``PollInterval``); each
+    poll is a long poll, so it only bounds how often a busy stream is read.
+    100 ms matches the LLM activity's batch interval (``streamBatchMs``):
+    polling faster shows tokens no sooner, and each poll costs the workflow
+    an update and a workflow task (measured: 22 -> 18 history events and
+    64 -> 60 ms per LLM turn, bench/README.md).
+
+    A poll that fails transiently (see ``_TRANSIENT``) is made again from the
+    next offset not yet yielded, so no event is lost or repeated; after
+    ``MAX_RETRIES`` failures in a row the error is raised.
+    """
+    stream = WorkflowStreamClient.create(client, workflow_id)
+    offset = from_offset
+    failures = 0
+    while True:
+        try:
+            cooldown = PollInterval(cooldown_ms)
+            async for item in stream.subscribe([EVENTS_TOPIC], from_offset=offset, poll_cooldown=cooldown):
+                offset = item.offset + 1
+                failures = 0
+                yield item.offset, item.data
+            return
+        except RPCError as err:
+            if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
+                raise
+            await asyncio.sleep(min(2.0, 0.1 * 2**failures))
+            failures += 1

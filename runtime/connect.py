@@ -1,0 +1,45 @@
+"""The Temporal client every entry point uses: the worker, the clients, the
+codec server's tests. One place builds it: address, namespace, TLS or an
+API key (Temporal Cloud) as the settings say, and the project's data
+converter (pi's camelCase JSON, compression, external storage)."""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+from temporalio.service import TLSConfig
+
+from runtime.payloads import data_converter
+from runtime.settings import Settings
+
+
+class ServerUnreachable(Exception):
+    """The Temporal server could not be reached (the message says what to do)."""
+
+
+def tls_config(settings: Settings) -> TLSConfig | bool:
+    """The SDK's TLS options from TEMPORAL_TLS_* (False: plain TCP, True: TLS
+    with the system's roots, as an API key needs)."""
+    if not (settings.tls_cert or settings.tls_ca):
+        return bool(settings.temporal_api_key)
+    return TLSConfig(
+        server_root_ca_cert=settings.tls_ca.read_bytes() if settings.tls_ca else None,
+        client_cert=settings.tls_cert.read_bytes() if settings.tls_cert else None,
+        client_private_key=settings.tls_key.read_bytes() if settings.tls_key else None,
+    )
+
+
+async def connect(settings: Settings) -> Client:
+    """A client of the server ``settings`` name, or ``ServerUnreachable``."""
+    try:
+        return await Client.connect(
+            settings.address,
+            namespace=settings.namespace,
+            data_converter=data_converter(settings),
+            tls=tls_config(settings),
+            api_key=settings.temporal_api_key,
+        )
+    except RuntimeError as err:
+        raise ServerUnreachable(
+            f"Cannot reach the Temporal server at {settings.address} ({str(err).splitlines()[0]}). "
+            "Start one (`temporal server start-dev`) or set TEMPORAL_ADDRESS."
+        ) from None
