@@ -1,0 +1,155 @@
+"""The rest of pi's Agent (SPEC §8), through the public contract as any
+client (the Temporal CLI, another SDK) uses it: plain JSON arguments to
+the updates, signals and queries."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from tests.support.stack import EventLog, Stack
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+async def test_prompt_takes_a_list_of_messages_all_before_the_first_model_call(stack: Stack) -> None:
+    stack.script({"text": "both read"})
+    handle = await stack.start()
+    await handle.execute_update(
+        "prompt", ["first part", {"role": "user", "content": [{"type": "text", "text": "second part"}]}]
+    )
+    idle = await handle.execute_update("wait_for_idle")
+    assert [m["role"] for m in idle["messages"]] == ["user", "user", "assistant"]
+    sent = stack.requests()[0]["messages"]
+    assert [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"] for m in sent] == [
+        "first part",
+        "second part",
+    ]
+    with pytest.raises(WorkflowUpdateFailedError):
+        await handle.execute_update("prompt", [])
+    await handle.signal("close")
+
+
+async def test_configure_applies_from_the_next_model_call_and_returns_the_settings(stack: Stack) -> None:
+    stack.script({"text": "one"}, {"text": "two"})
+    handle = await stack.start(prompt="hi")
+    await handle.execute_update("wait_for_idle")
+    other_model = f"{stack.model}-b"
+    stack.model_server.script(other_model, [{"text": "from the other model"}])
+    settings = await handle.execute_update(
+        "configure",
+        {
+            "model": other_model,
+            "systemPrompt": "Be brief.",
+            "thinkingLevel": "high",
+            "tools": ["calculator"],
+            "steeringMode": "all",
+        },
+    )
+    assert settings["model"] == other_model and settings["tools"] == ["calculator"]
+    assert settings["steeringMode"] == "all" and settings["thinkingLevel"] == "high"
+    await handle.execute_update("prompt", "again")
+    await handle.execute_update("wait_for_idle")
+    request = stack.model_server.requests(other_model)[0]
+    assert request["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert request["reasoning_effort"] == "high"
+    assert [t["function"]["name"] for t in request["tools"]] == ["calculator"]
+    state = await handle.query("state")
+    assert state["model"] == other_model and state["systemPrompt"] == "Be brief."
+    for bad in ({"model": ""}, {"tools": ["teleport"]}, {"thinkingLevel": "max"}, {"followUpMode": "some"}):
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update("configure", bad)
+    await handle.signal("close")
+
+
+async def test_clear_queues_returns_the_removed_messages_oldest_first(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"})
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.signal("steer", "steer one")
+    await handle.signal("follow_up", "follow one")
+    await handle.signal("steer", "steer two")
+    await asyncio.sleep(0.2)
+    only_steering = await handle.execute_update("clear_queues", "steering")
+    assert [m["content"] for m in only_steering] == ["steer one", "steer two"]
+    await handle.signal("steer", "steer three")
+    everything = await handle.execute_update("clear_queues", "all")
+    assert [m["content"] for m in everything] == ["follow one", "steer three"]
+    state = await handle.query("state")
+    assert state["steeringQueue"] == 0 and state["followUpQueue"] == 0
+    await log.wait_for_type("agent_end")
+    log.close()
+    await handle.signal("close")
+
+
+async def test_reset_clears_the_session_and_is_refused_while_running(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"}, {"text": "fresh"})
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("reset")
+    assert "run is active" in str(refused.value.cause)
+    await log.wait_for_type("agent_end")
+    log.close()
+    state = await handle.execute_update("reset")
+    assert state["messageCount"] == 0 and state["turns"] == 0 and state["runs"] == 0
+    assert state["usage"]["totalTokens"] == 0
+    await handle.execute_update("prompt", "new start")
+    idle = await handle.execute_update("wait_for_idle")
+    assert idle["runs"] == 1 and [m["role"] for m in await handle.query("messages")] == ["user", "assistant"]
+    await handle.signal("close")
+
+
+async def test_wait_for_idle_returns_when_the_run_ends(stack: Stack) -> None:
+    handle = await stack.start()
+    idle = await handle.execute_update("wait_for_idle")
+    assert idle == {"runs": 0, "messages": []}
+    stack.script({"tool_calls": [call("s1", "slow", seconds=0.5)]}, {"text": "done"})
+    await handle.execute_update("prompt", "work")
+    idle = await handle.execute_update("wait_for_idle")
+    assert idle["runs"] == 1 and idle["stopReason"] == "stop"
+    assert [m["role"] for m in idle["messages"]] == ["user", "assistant", "toolResult", "assistant"]
+    await handle.signal("close")
+
+
+async def test_state_is_streaming_for_the_whole_run_with_the_partial_message(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [call("s1", "slow", seconds=1.0)]},
+        {"text": "a slow answer, token by token", "chunk_chars": 2, "delay_ms": 80},
+    )
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    during_tools = await handle.query("state")
+    assert during_tools["isStreaming"] is True and during_tools["pendingToolCalls"] == ["s1"]
+    assert "streamingMessage" not in during_tools
+    await log.wait_for_type("message_update", count=4)
+    streaming = await handle.query("state")
+    partial = streaming["streamingMessage"]
+    assert streaming["isStreaming"] and partial["role"] == "assistant"
+    assert "a slow answer".startswith(partial["content"][0]["text"][:5])
+    await log.wait_for_type("agent_end")
+    log.close()
+    idle = await handle.query("state")
+    assert idle["isStreaming"] is False and "streamingMessage" not in idle
+    await handle.signal("close")
+
+
+async def test_error_message_is_set_for_aborted_runs_too(stack: Stack) -> None:
+    stack.script({"text": "slow" * 50, "chunk_chars": 1, "delay_ms": 50})
+    handle = await stack.start(prompt="talk")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("message_update")
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    state = await handle.query("state")
+    assert state["errorMessage"] == "Request was aborted"
+    await handle.signal("close")
