@@ -94,6 +94,8 @@ def build_worker(
             context_store=ContextStore(blobs) if blobs else None,
             tools=tools,
         )
+    if settings.sdk_fallbacks:
+        logging.info("SDK fallbacks forced on: stock workflow sandbox, stream without subscriber tracking")
     builtin_tools.set_workspace(settings.workspace)
     tool_activities = ToolActivities(
         tools, output_cap=settings.tool_output_cap, output_dir=settings.tool_output_dir

@@ -28,3 +28,7 @@ echo "== docker-compose config"
 bash .ci/check-compose
 echo "== pytest"
 .venv/bin/pytest -q -rs "$@"
+echo "== pytest: the conformance tests again, with the SDK fallbacks forced on"
+# The stock workflow sandbox (no private SDK names) and the stream without
+# subscriber tracking: what a temporalio upgrade would fall back to.
+AGENT_SDK_FALLBACKS=on .venv/bin/pytest -q tests/test_loop.py

@@ -31,6 +31,8 @@ from testbed.scripted_model import ScriptedModelServer
 from tests.support.stack import EventLog
 from worker import build_worker
 
+# Recordings of the current version; tests/histories/v1/ keeps those made
+# before tool declarations were recorded (they replay on the legacy path).
 HISTORIES = Path(__file__).resolve().parent / "histories"
 TASK_QUEUE = "record"
 
@@ -156,6 +158,61 @@ async def subscriber_at_close(
     return handle
 
 
+async def agent_api(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """SPEC §8: a prompt with a list, configure, clear_queues, reset, wait_for_idle."""
+    server.script(
+        model,
+        [
+            {"tool_calls": [call("w", "slow", seconds=0.5)]},
+            {"text": "first"},
+            {"text": "after configure"},
+            {"text": "after reset"},
+        ],
+    )
+    handle = await start(client, model)
+    await handle.execute_update("prompt", ["one", "two"])
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.signal("follow_up", "cleared before it runs")
+    await handle.execute_update("clear_queues", "all")
+    await handle.execute_update("wait_for_idle")
+    await handle.execute_update("configure", {"systemPrompt": "Be brief.", "tools": ["calculator"]})
+    await handle.execute_update("prompt", "again")
+    await handle.execute_update("wait_for_idle")
+    await handle.execute_update("reset")
+    await handle.execute_update("prompt", "fresh")
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+    await handle.result()
+    log.close()
+    return handle
+
+
+async def approval(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """SPEC §9: one call approved, one rejected, beside a call that needs none."""
+    server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("a", "guarded_echo", text="yes"),
+                    call("b", "guarded_echo", text="no"),
+                    call("c", "echo", text="free"),
+                ]
+            },
+            {"text": "done"},
+        ],
+    )
+    handle = await start(client, model, prompt="ask", closeWhenIdle=True)
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("tool_approval_request", count=2)
+    await handle.execute_update("approve_tool", {"toolCallId": "a", "approved": True})
+    await handle.execute_update("approve_tool", {"toolCallId": "b", "approved": False, "reason": "not now"})
+    await handle.result()
+    log.close()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -163,6 +220,8 @@ SCENARIOS: dict[str, Scenario] = {
     "errors": errors,
     "continue_as_new": continue_as_new,
     "subscriber_at_close": subscriber_at_close,
+    "agent_api": agent_api,
+    "approval": approval,
 }
 
 

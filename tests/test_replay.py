@@ -1,6 +1,11 @@
 """Determinism guard: every recorded history in tests/histories/ replays
 against the current workflow code. A change that would break running
-conversations fails here (see the README on ``workflow.patched``)."""
+conversations fails here (see the README on ``workflow.patched``).
+
+tests/histories/v1/ holds histories recorded before tool declarations were
+recorded in the history: they replay on the legacy path, with the tool
+registry they were recorded with. The current ones need nothing from the
+worker: they replay the same on a worker whose tools differ."""
 
 from __future__ import annotations
 
@@ -10,39 +15,78 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-import activities.builtin_tools  # noqa: F401  (the registry the legacy recordings saw)
+import activities.builtin_tools  # noqa: F401  (the registry the v1 recordings saw)
 import tests.support.tools  # noqa: F401
 from activities.tools import declarations, registered_tools
 from runtime.payloads import data_converter_from_env
 from runtime.sandbox import workflow_runner
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
+from workflows.models import ToolDeclaration
 
-HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
+ROOT = Path(__file__).resolve().parent / "histories"
+CURRENT = sorted(ROOT.glob("*.json"))
+V1 = sorted((ROOT / "v1").glob("*.json"))
+
+
+def _stem(path: Path) -> str:
+    return path.stem.rsplit("_", 1)[0] if path.stem[-1].isdigit() else path.stem
 
 
 def test_there_are_recorded_histories() -> None:
-    names = {path.stem.rsplit("_", 1)[0] if path.stem[-1].isdigit() else path.stem for path in HISTORIES}
-    assert {
-        "tools",
-        "steering_and_follow_up",
-        "abort_and_prompt",
-        "errors",
-        "continue_as_new",
-        "subscriber_at_close",
-    } <= names
+    expected = {"tools", "steering_and_follow_up", "abort_and_prompt", "errors", "continue_as_new"}
+    assert expected | {"subscriber_at_close", "agent_api", "approval"} <= {_stem(p) for p in CURRENT}
+    assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
-async def test_recorded_history_replays(path: Path) -> None:
+async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    # Histories recorded before tool declarations were recorded replay with
-    # the registry they saw; newer ones need nothing from the worker.
-    legacy = {d.name: d for d in declarations(registered_tools())}
     replayer = Replayer(
         workflows=[AgentWorkflow],
         data_converter=data_converter_from_env(),
         workflow_runner=workflow_runner(),  # the worker's sandbox
-        interceptors=[BindingsInterceptor(WorkflowBindings(legacy_tools=legacy))],
+        interceptors=[BindingsInterceptor(WorkflowBindings(legacy_tools=legacy_tools))],
     )
     await replayer.replay_workflow(history)
+
+
+@pytest.mark.parametrize("path", CURRENT + V1, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V1])
+async def test_recorded_history_replays(path: Path) -> None:
+    await replay(path, {d.name: d for d in declarations(registered_tools())})
+
+
+@pytest.mark.parametrize("path", CURRENT, ids=[p.stem for p in CURRENT])
+async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
+    """The worker lacks `echo` and declares `sequential_echo` parallel: a
+    conversation that recorded its declarations does not care."""
+    changed = {d.name: d for d in declarations(registered_tools()) if d.name != "echo"}
+    changed["sequential_echo"] = changed["sequential_echo"].model_copy(update={"execution_mode": "parallel"})
+    await replay(path, changed)
+
+
+async def test_the_tools_recording_holds_the_declarations_it_decided_by() -> None:
+    """It recorded `echo` and a sequential `sequential_echo` in its
+    session_defaults marker and called both, so the test above would fail if
+    the workflow read the worker's (changed) tools."""
+    history = WorkflowHistory.from_json("tools", (ROOT / "tools.json").read_text())
+    converter = data_converter_from_env()
+    declared: dict[str, dict[str, object]] = {}
+    scheduled = 0
+    for event in history.events:
+        if event.HasField("marker_recorded_event_attributes"):
+            for payloads in event.marker_recorded_event_attributes.details.values():
+                for value in await converter.decode(list(payloads.payloads)):
+                    if isinstance(value, dict) and "tools" in value:
+                        declared = {t["name"]: t for t in value["tools"]}
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            scheduled += event.activity_task_scheduled_event_attributes.activity_type.name == "execute_tool"
+    assert declared["sequential_echo"]["executionMode"] == "sequential" and "echo" in declared
+    assert scheduled >= 3
+
+
+async def test_a_legacy_history_does_depend_on_the_workers_tools() -> None:
+    """The control: a v1 recording (before declarations were recorded) does
+    not replay on the changed worker, so the test above can fail."""
+    changed = {d.name: d for d in declarations(registered_tools()) if d.name != "echo"}
+    with pytest.raises(Exception, match=r"[Nn]ondetermin"):
+        await replay(ROOT / "v1" / "tools.json", changed)
