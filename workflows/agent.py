@@ -89,8 +89,8 @@ class AgentWorkflow:
         self._session = Session(settings, list(session_input.messages), carry, self._now_ms)
         self._calls = ActivityCalls(self._session, self._stream, self._now_ms)
         self._calls.on_change = self._update_details
-        self._decisions: dict[str, ApprovalRequest] = {}
         self._switching = False  # continuing as new: waiting handlers let go
+        self._resumed_batch = carry.run is not None and carry.run.batch is not None
         self._model_call_offset = 0
         if session_input.prompt is not None and self._input_error is None:
             try:
@@ -221,13 +221,13 @@ class AgentWorkflow:
         session = self._session
         assert session.run is not None
         context = AgentContext(session.messages, session.enabled_tools(), session.run)
-        pending = [] if session.abort_requested else session.steering.poll()
+        pending = [] if session.abort_requested or session.run.batch else session.steering.poll()
         await run_loop(
             context,
             self._loop_config(),
             pending=pending,
             first_turn=False,
-            has_more_tool_calls=session.run.has_more_tool_calls,
+            has_more_tool_calls=session.run.has_more_tool_calls or session.run.batch is not None,
         )
 
     def _loop_config(self) -> LoopConfig:
@@ -274,37 +274,68 @@ class AgentWorkflow:
 
     async def _request_approval(self, prepared: PreparedToolCall) -> ApprovalDecision:
         """SPEC §9: publish the request, list it in ``state``, and wait
-        durably for ``approve_tool`` (or the timeout, or an abort)."""
+        durably for ``approve_tool`` (or the timeout, or an abort). While
+        every open call of the batch waits like this, the conversation may
+        continue as new: the next run resumes the batch and the wait."""
         session, call = self._session, prepared.call
         reason = prepared.approval or "This tool call needs approval"
-        self._emit(
-            ToolApprovalRequestEvent(
+        batch = session.run.batch if session.run is not None else None
+        waiting = batch.waiting.get(call.id) if batch is not None else None
+        timeout = session.settings.approval_timeout_seconds
+        if waiting is not None and waiting.deadline_ms is None and timeout:
+            waiting.deadline_ms = self._now_ms() + int(timeout * 1000)
+        if call.id not in session.approvals:  # announced once, also across continue-as-new
+            self._emit(
+                ToolApprovalRequestEvent(
+                    tool_call_id=call.id, tool_name=call.name, args=prepared.args, reason=reason
+                )
+            )
+            session.approvals[call.id] = PendingApproval(
                 tool_call_id=call.id, tool_name=call.name, args=prepared.args, reason=reason
             )
-        )
-        session.approvals[call.id] = PendingApproval(
-            tool_call_id=call.id, tool_name=call.name, args=prepared.args, reason=reason
-        )
-        self._update_details()
-        timeout = session.settings.approval_timeout_seconds
+            self._update_details()
+        deadline = waiting.deadline_ms if waiting is not None else None
         try:
-            await workflow.wait_condition(
-                lambda: call.id in self._decisions or session.abort_requested,
-                timeout=timedelta(seconds=timeout) if timeout else None,
-                timeout_summary=f"approval of {call.name}",
-            )
+            while True:
+                left = None if deadline is None else max(0, deadline - self._now_ms()) / 1000
+                await workflow.wait_condition(
+                    lambda: (
+                        call.id in session.decisions
+                        or session.abort_requested
+                        or self._switch_while_waiting()
+                    ),
+                    timeout=None if left is None else timedelta(seconds=left),
+                    timeout_summary=f"approval of {call.name}",
+                )
+                if call.id in session.decisions or session.abort_requested:
+                    break
+                await self._continue_as_new()  # never returns
         except TimeoutError:
             return ApprovalDecision(False, f"Tool call {call.name} was not approved within {timeout:g} s.")
         finally:
-            session.approvals.pop(call.id, None)
-            self._update_details()
-        decision = self._decisions.pop(call.id, None)
+            if not self._switching:
+                session.approvals.pop(call.id, None)
+                self._update_details()
+        decision = session.decisions.pop(call.id, None)
         if decision is None:
             return ApprovalDecision(False, "Tool execution aborted while waiting for approval.")
         if decision.approved:
             return ApprovalDecision(True)
         because = f": {decision.reason}" if decision.reason else "."
         return ApprovalDecision(False, f"Tool call {call.name} was rejected{because}")
+
+    def _switch_while_waiting(self) -> bool:
+        """Continue as new now, in the middle of a tool batch? Only when it is
+        due and every open call of the batch waits for a person (no tool
+        activity runs: they could not be handed over)."""
+        session = self._session
+        batch = session.run.batch if session.run is not None else None
+        if batch is None or self._calls.running_tools() or self._switching:
+            return False
+        message = session.messages[batch.message_index]
+        calls = message.tool_calls if isinstance(message, AssistantMessage) else []
+        settled = all(c.id in batch.outcomes or c.id in batch.waiting for c in calls)
+        return settled and self._continue_as_new_due(in_batch=not self._resumed_batch)
 
     # --- events -------------------------------------------------------------------------
 
@@ -319,11 +350,15 @@ class AgentWorkflow:
 
     # --- continue-as-new ------------------------------------------------------------------
 
-    def _continue_as_new_due(self) -> bool:
+    def _continue_as_new_due(self, *, in_batch: bool = False) -> bool:
+        """Due when the server suggests it, after ``continueAsNewAfterTurns``
+        turns of this run (``in_batch``: counting the turn whose batch waits),
+        or past half the signal limit."""
         every = self._session.settings.continue_as_new_after_turns
+        turns = self._session.turns.this_execution + (1 if in_batch else 0)
         return (
             workflow.info().is_continue_as_new_suggested()
-            or (every is not None and self._session.turns.this_execution >= every)
+            or (every is not None and turns >= every)
             or self._stream.signals >= SIGNALS_BEFORE_SWITCH
         )
 
@@ -497,8 +532,11 @@ class AgentWorkflow:
     @workflow.update(name="approve_tool")
     async def approve_tool(self, *args: Any) -> ApprovalRequest:
         """Decide a tool call that waits for approval (SPEC §9)."""
-        decision = self._parse_approval(args)
-        self._decisions[decision.tool_call_id] = decision
+        try:
+            decision = self._parse_approval(args)
+        except InputError as err:
+            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+        self._session.decisions[decision.tool_call_id] = decision
         return decision
 
     @approve_tool.validator
@@ -513,7 +551,8 @@ class AgentWorkflow:
             raise InputError(
                 validation_text('approve_tool takes {"toolCallId": "...", "approved": true|false}', err)
             ) from None
-        if decision.tool_call_id not in self._session.approvals or decision.tool_call_id in self._decisions:
+        session = self._session
+        if decision.tool_call_id not in session.approvals or decision.tool_call_id in session.decisions:
             raise InputError(f"No tool call {decision.tool_call_id!r} is waiting for approval.")
         return decision
 

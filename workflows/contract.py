@@ -98,6 +98,10 @@ class SessionCarry(WireModel):
     error_message: str | None = None
     last_stop_reason: StopReason | None = None
     last_run_start: int = 0
+    approvals: list[PendingApproval] = Field(default_factory=list)
+    """Tool calls waiting for approval (their run continues in the next run)."""
+    decisions: list[ApprovalRequest] = Field(default_factory=list)
+    """Decisions that arrived while the conversation was continuing as new."""
 
 
 class SessionDefaults(WireModel):
@@ -218,6 +222,7 @@ class ToolRequest(WireModel):
     max_batches: int | None = None
 
 
+SessionCarry.model_rebuild()
 SessionInput.model_rebuild()
 
 __all__ = [

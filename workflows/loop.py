@@ -39,6 +39,7 @@ from workflows.models import (
     QueueName,
     RunState,
     TextContent,
+    ToolBatch,
     ToolCall,
     ToolDeclaration,
     ToolExecutionEndEvent,
@@ -48,6 +49,7 @@ from workflows.models import (
     TurnEndEvent,
     TurnStartEvent,
     UserContent,
+    WaitingCall,
     WireModel,
     text_result,
 )
@@ -73,7 +75,9 @@ class ModelAnswer:
 class AgentContext:
     """What the loop works on. ``messages`` is the conversation's transcript
     (the loop appends to it); ``tools`` the tools this conversation may call
-    (the shell may swap them between turns)."""
+    (the shell may swap them between turns); ``run`` where the run is,
+    including the tool batch in progress (``run.batch``), which the shell
+    may carry across continue-as-new while calls wait for approval."""
 
     messages: list[AgentMessage]
     tools: Mapping[str, ToolDeclaration]
@@ -124,6 +128,8 @@ class LoopConfig:
     prepare_arguments: Callable[[ToolCall], dict[str, Any]] = lambda call: call.arguments
     """A tool's compatibility shim over raw arguments, before validation."""
     request_approval: Callable[[PreparedToolCall], Awaitable[ApprovalDecision]] | None = None
+    """Wait for a person's decision on a call (the call is listed in
+    ``context.run.batch.waiting`` meanwhile)."""
     at_turn_boundary: Callable[[], Awaitable[None]] | None = None
     """Awaited after each turn that goes on (the shell may continue as new here)."""
     total_turns: Callable[[], int] = lambda: 0
@@ -163,24 +169,30 @@ async def run_loop(
     """pi's ``runLoop``. The inner loop runs turns while the model calls
     tools or steering messages wait; the outer loop picks up follow-ups
     when the agent would otherwise stop. ``first_turn=False`` resumes a run
-    at a turn boundary (after continue-as-new)."""
+    at a turn boundary (after continue-as-new), or in the tool batch
+    ``context.run.batch`` if there is one."""
     run = context.run
     while True:
         while has_more_tool_calls or pending:
-            if first_turn:
-                first_turn = False
+            if run.batch is not None:
+                # Resume the tool batch a continue-as-new interrupted.
+                message = context.messages[run.batch.message_index]
+                assert isinstance(message, AssistantMessage)
             else:
-                config.emit(TurnStartEvent())
-            for message in pending:
-                _add_message(context, config, message, queue=pending_queue)
-            pending = []
+                if first_turn:
+                    first_turn = False
+                else:
+                    config.emit(TurnStartEvent())
+                for message in pending:
+                    _add_message(context, config, message, queue=pending_queue)
+                pending = []
 
-            message = await stream_assistant_response(context, config)
-            run.turns += 1
-            if message.stop_reason in ("error", "aborted"):
-                config.emit(TurnEndEvent(message=message, tool_results=[]))
-                _end_run(context, config)
-                return
+                message = await stream_assistant_response(context, config)
+                run.turns += 1
+                if message.stop_reason in ("error", "aborted"):
+                    config.emit(TurnEndEvent(message=message, tool_results=[]))
+                    _end_run(context, config)
+                    return
 
             tool_results: list[ToolResultMessage] = []
             has_more_tool_calls = False
@@ -262,20 +274,33 @@ async def execute_tool_calls(
     context: AgentContext, config: LoopConfig, message: AssistantMessage
 ) -> tuple[list[ToolResultMessage], bool]:
     """pi's ``executeToolCalls``: the batch's result messages (source order)
-    and whether the loop should stop after it (every result said so)."""
+    and whether the loop should stop after it (every result said so). The
+    batch's progress is kept in ``context.run.batch`` until it ends."""
     calls = message.tool_calls
     if message.stop_reason == "length":
         return _refuse_truncated_calls(context, config, calls), False
-    sequential = config.tool_execution() == "sequential" or any(
-        tool.execution_mode == "sequential"
-        for tool in (context.tools.get(c.name) for c in calls)
-        if tool is not None
-    )
+    run = context.run
+    resumed = run.batch is not None
+    if run.batch is None:
+        sequential = config.tool_execution() == "sequential" or any(
+            tool.execution_mode == "sequential"
+            for tool in (context.tools.get(c.name) for c in calls)
+            if tool is not None
+        )
+        run.batch = ToolBatch(message_index=_index_of(context.messages, message), sequential=sequential)
+    batch = run.batch
     outcomes: list[ToolOutcome] = []
     results: list[ToolResultMessage] = []
-    if sequential:
+    if batch.sequential:
         for call in calls:
-            prepared = await prepare_tool_call(context, config, message, call)
+            settled = batch.outcomes.get(call.id)
+            if settled is not None:  # before a continue-as-new: its result is in the transcript
+                outcomes.append(settled)
+                results.append(_result_in_transcript(context, batch, call.id))
+                continue
+            prepared = _waiting_call(context, call, batch) or await prepare_tool_call(
+                context, config, message, call
+            )
             outcome = (
                 prepared
                 if isinstance(prepared, ToolOutcome)
@@ -284,7 +309,13 @@ async def execute_tool_calls(
             outcomes.append(outcome)
             results.append(_add_tool_result(context, config, call, outcome))
     else:
-        preparations = [await prepare_tool_call(context, config, message, c) for c in calls]
+        preparations: list[PreparedToolCall | ToolOutcome] = []
+        for call in calls:
+            if resumed and call.id in batch.outcomes:
+                preparations.append(batch.outcomes[call.id])
+            else:
+                waiting = _waiting_call(context, call, batch)
+                preparations.append(waiting or await prepare_tool_call(context, config, message, call))
         outcomes = list(
             await asyncio.gather(
                 *(
@@ -297,7 +328,29 @@ async def execute_tool_calls(
         )
         # Ends arrived in completion order; results land in source order.
         results = [_add_tool_result(context, config, c, o) for c, o in zip(calls, outcomes, strict=True)]
+    run.batch = None
     return results, bool(outcomes) and all(o.terminate for o in outcomes)
+
+
+def _index_of(messages: list[AgentMessage], message: AgentMessage) -> int:
+    """Where ``message`` is in the transcript (the last message, normally)."""
+    return next(i for i in range(len(messages) - 1, -1, -1) if messages[i] is message)
+
+
+def _waiting_call(context: AgentContext, call: ToolCall, batch: ToolBatch) -> PreparedToolCall | None:
+    """A call that was waiting for approval when the run continued as new."""
+    waiting = batch.waiting.get(call.id)
+    if waiting is None:
+        return None
+    tool = context.tools.get(call.name) or ToolDeclaration(name=call.name)
+    return PreparedToolCall(call, tool, waiting.args, waiting.reason)
+
+
+def _result_in_transcript(context: AgentContext, batch: ToolBatch, call_id: str) -> ToolResultMessage:
+    for message in context.messages[batch.message_index + 1 :]:
+        if isinstance(message, ToolResultMessage) and message.tool_call_id == call_id:
+            return message
+    raise LookupError(f"no result for settled tool call {call_id}")
 
 
 async def prepare_tool_call(
@@ -308,6 +361,7 @@ async def prepare_tool_call(
     config.emit(ToolExecutionStartEvent(tool_call_id=call.id, tool_name=call.name, args=call.arguments))
     outcome = await _prepare(context, config, message, call)
     if isinstance(outcome, ToolOutcome):
+        _settle(context, call, outcome)
         _emit_tool_end(config, call, outcome)
     return outcome
 
@@ -351,18 +405,30 @@ async def execute_prepared_tool_call(
     """Wait for approval if needed, run the call, apply ``after_tool_call``
     and emit its end."""
     outcome: ToolOutcome | None = None
+    call, batch = prepared.call, context.run.batch
     if prepared.approval is not None:
         if config.request_approval is None:
             outcome = error_outcome("This tool call needs approval, and this agent cannot ask for it.")
         else:
+            if batch is not None and call.id not in batch.waiting:
+                batch.waiting[call.id] = WaitingCall(args=prepared.args, reason=prepared.approval)
             decision = await config.request_approval(prepared)
+            if batch is not None:
+                batch.waiting.pop(call.id, None)
             if not decision.approved:
                 outcome = error_outcome(decision.text)
     if outcome is None:
         outcome = await config.execute_tool(prepared)
     outcome = await finalize_executed_tool_call(context, config, message, prepared, outcome)
-    _emit_tool_end(config, prepared.call, outcome)
+    _settle(context, call, outcome)
+    _emit_tool_end(config, call, outcome)
     return outcome
+
+
+def _settle(context: AgentContext, call: ToolCall, outcome: ToolOutcome) -> None:
+    """Record a finalized call in the batch in progress."""
+    if context.run.batch is not None:
+        context.run.batch.outcomes[call.id] = outcome
 
 
 async def finalize_executed_tool_call(

@@ -220,14 +220,38 @@ class ToolOutcome(WireModel):
         return {} if value is None else value
 
 
+class WaitingCall(WireModel):
+    """A prepared tool call waiting for a person's decision."""
+
+    args: dict[str, Any]
+    reason: str
+    deadline_ms: int | None = None
+    """When the wait times out (``approvalTimeoutSeconds``), ms since the epoch."""
+
+
+class ToolBatch(WireModel):
+    """A tool batch in progress: what the loop has settled so far. Carried
+    when a conversation continues as new while calls wait for approval, so
+    the new run resumes the batch where it was."""
+
+    message_index: int
+    """The assistant message whose tool calls these are."""
+    sequential: bool
+    outcomes: dict[str, ToolOutcome] = Field(default_factory=dict)
+    """Finalized calls (their ``tool_execution_end`` was emitted)."""
+    waiting: dict[str, WaitingCall] = Field(default_factory=dict)
+
+
 class RunState(WireModel):
-    """Where a run is, at a turn boundary: enough to resume it in a new run
-    of the workflow after continue-as-new."""
+    """Where a run is, at a turn boundary (or in a tool batch whose open
+    calls all wait for approval): enough to resume it in a new run of the
+    workflow after continue-as-new."""
 
     started_at_message: int
     turns: int = 0
     has_more_tool_calls: bool = False
     stop_requested: bool = False
+    batch: ToolBatch | None = None
 
 
 # --- events -------------------------------------------------------------------

@@ -14,6 +14,8 @@ from typing import Any
 
 from workflows.contract import (
     AgentSettings,
+    ApprovalRequest,
+    PendingApproval,
     PendingRun,
     SessionCarry,
     SessionSettings,
@@ -78,7 +80,8 @@ class Session:
         self.continued_runs = carry.continued_runs
         self.run_ended = False  # a run ended and no other started since
         self.running_tools: list[str] = []
-        self.approvals: dict[str, Any] = {}  # tool call id -> PendingApproval (the shell's)
+        self.approvals: dict[str, PendingApproval] = {a.tool_call_id: a for a in carry.approvals}
+        self.decisions: dict[str, ApprovalRequest] = {d.tool_call_id: d for d in carry.decisions}
 
     # --- status -------------------------------------------------------------------
 
@@ -310,4 +313,6 @@ class Session:
             error_message=self.error_message,
             last_stop_reason=self.last_stop_reason,
             last_run_start=self.last_run_start,
+            approvals=list(self.approvals.values()),
+            decisions=list(self.decisions.values()),
         )

@@ -98,7 +98,7 @@ def outline(events: list[dict[str, Any]], *, updates: bool = False) -> list[str]
             elif m["role"] == "assistant" and kind == "message_end":
                 label += f":{m['stopReason']}"
             lines.append(f"{kind}:{label}")
-        elif kind.startswith("tool_execution"):
+        elif kind.startswith("tool_"):
             if kind == "tool_execution_update" and not updates:
                 continue
             lines.append(f"{kind}:{e['toolCallId']}")

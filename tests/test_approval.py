@@ -1,0 +1,163 @@
+"""Human approval of tool calls (SPEC §9): the request event, the pending
+list, approve/reject/timeout/abort, other calls running meanwhile, and a
+wait that survives a killed worker and a continue-as-new."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from typing import Any
+
+import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowUpdateFailedError
+
+from client import start_conversation
+from tests.support.stack import EventLog, Stack, outline
+from tests.test_crash import Workers, comparable, workers  # noqa: F401  (fixture)
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+BATCH = {
+    "tool_calls": [
+        call("g1", "guarded_echo", text="yes"),
+        call("g2", "guarded_echo", text="no"),
+        call("e1", "echo", text="free"),
+    ]
+}
+
+
+async def test_calls_wait_for_a_decision_while_the_rest_of_the_batch_runs(stack: Stack) -> None:
+    stack.script(BATCH, {"text": "done"})
+    handle = await stack.start(prompt="ask")
+    log = EventLog(stack.client, handle.id)
+    events = await log.wait_for_type("tool_approval_request", count=2)
+    request = next(e for e in events if e["type"] == "tool_approval_request")
+    assert request == {
+        "type": "tool_approval_request",
+        "toolCallId": "g1",
+        "toolName": "guarded_echo",
+        "args": {"text": "yes", "delay": 0.0},
+        "reason": "guarded_echo needs approval",
+        "offset": request["offset"],
+    }
+    await log.wait_until(
+        lambda es: any(e["type"] == "tool_execution_end" and e["toolCallId"] == "e1" for e in es)
+    )
+    state = await handle.query("state")
+    assert state["status"] == "awaiting-approval"
+    assert [a["toolCallId"] for a in state["pendingApprovals"]] == ["g1", "g2"]
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "waiting for approval of `guarded_echo` (call g1)" in metadata.current_details
+
+    await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": True})
+    with pytest.raises(WorkflowUpdateFailedError):
+        await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": False})
+    await handle.execute_update(
+        "approve_tool", {"toolCallId": "g2", "approved": False, "reason": "not today"}
+    )
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    lines = outline(events)
+    assert lines.index("tool_execution_start:g1") < lines.index("tool_approval_request:g1")
+    assert lines.index("tool_execution_end:e1") < lines.index("tool_execution_end:g1")
+    results = {e["toolCallId"]: e for e in events if e["type"] == "tool_execution_end"}
+    assert results["g1"]["result"]["content"][0]["text"] == "approved: yes" and not results["g1"]["isError"]
+    assert results["g2"]["isError"]
+    assert results["g2"]["result"]["content"][0]["text"] == "Tool call guarded_echo was rejected: not today"
+    assert (await handle.query("state"))["pendingApprovals"] == []
+    await handle.signal("close")
+
+
+async def test_an_approval_times_out_and_an_abort_ends_the_wait(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("t1", "guarded_echo", text="slow")]}, {"text": "ok"})
+    handle = await stack.start(prompt="ask", approvalTimeoutSeconds=1)
+    await handle.execute_update("wait_for_idle")
+    messages = await stack.messages(handle)
+    assert (
+        messages[2].is_error
+        and messages[2].content[0].text == "Tool call guarded_echo was not approved within 1 s."
+    )
+
+    stack.script({"tool_calls": [call("t2", "guarded_echo", text="never")]})
+    result = await handle.execute_update("prompt", "again")
+    log = EventLog(stack.client, handle.id, from_offset=result["eventOffset"])
+    await log.wait_for_type("tool_approval_request")
+    await handle.signal("abort")
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    ended = next(e for e in events if e["type"] == "tool_execution_end")
+    assert ended["result"]["content"][0]["text"] == "Tool execution aborted while waiting for approval."
+    assert events[-1]["messages"][-1]["stopReason"] == "aborted"
+    await handle.signal("close")
+
+
+async def test_a_wait_survives_a_killed_worker(stack: Stack, workers: Workers) -> None:  # noqa: F811
+    queue = workers.env["TEMPORAL_TASK_QUEUE"]
+    script = [BATCH, {"text": "all decided"}]
+
+    async def conversation(kill: bool) -> list[dict[str, Any]]:
+        stack.script(*script)
+        first = workers.start()
+        handle = await start_conversation(
+            stack.client,
+            f"approve-{uuid.uuid4().hex[:6]}",
+            {"model": stack.model, "prompt": "ask", "closeWhenIdle": True},
+            task_queue=queue,
+        )
+        log = EventLog(stack.client, handle.id)
+        await log.wait_for_type("tool_approval_request", count=2)
+        if kill:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            workers.start()
+        await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": True})
+        await handle.execute_update("approve_tool", {"toolCallId": "g2", "approved": False, "reason": "no"})
+        transcript = comparable((await asyncio.wait_for(handle.result(), 60)).messages)
+        log.close()
+        workers.stop_all()
+        return transcript
+
+    undisturbed = await conversation(kill=False)
+    assert await conversation(kill=True) == undisturbed
+
+
+async def test_a_wait_survives_a_continue_as_new(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("w0", "echo", text="warm up")]}, BATCH, {"text": "after the switch"})
+    handle = await stack.start(prompt="ask", continueAsNewAfterTurns=2, closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request", count=2)
+    # The second turn waits for people: the conversation switches runs now.
+    for _ in range(100):
+        runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        if len(runs) > 1:
+            break
+        await asyncio.sleep(0.1)
+    assert len(runs) > 1, "the conversation should have continued as new while waiting"
+    state = await handle.query("state")
+    assert [a["toolCallId"] for a in state["pendingApprovals"]] == ["g1", "g2"]
+    await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": True})
+    await handle.execute_update("approve_tool", {"toolCallId": "g2", "approved": True})
+    result = await asyncio.wait_for(handle.result(), 60)
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    roles = [(m.role, getattr(m, "tool_call_id", None)) for m in result.messages]
+    assert roles == [
+        ("user", None),
+        ("assistant", None),
+        ("toolResult", "w0"),
+        ("assistant", None),
+        ("toolResult", "g1"),
+        ("toolResult", "g2"),
+        ("toolResult", "e1"),
+        ("assistant", None),
+    ]
+    assert result.messages[4].content[0].text == "approved: yes"
+    lines = outline(events)
+    assert lines.count("tool_approval_request:g1") == 1, "announced once across the switch"
+    assert lines.count("tool_execution_start:g1") == 1 and lines.count("tool_execution_end:g1") == 1
+    assert [e["offset"] for e in events] == list(range(len(events)))
