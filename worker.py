@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities import builtin_tools
@@ -36,6 +38,7 @@ from runtime.sandbox import workflow_runner
 from runtime.settings import Settings, SettingsError
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
+from workflows.contract import SEARCH_ATTRIBUTES
 from workflows.hooks import AgentHooks
 
 
@@ -63,15 +66,19 @@ def build_worker(
     llm: LlmActivities | None = None,
     tools: Mapping[str, ToolSpec] | None = None,
     workflows: Sequence[type] = (AgentWorkflow,),
+    search_attributes: bool = False,
 ) -> Worker:
     """The worker with every workflow and activity of the agent.
 
     ``hooks`` are bound into every conversation this worker runs (workflow
     code: deterministic, versioned like the workflow). ``tools`` defaults to
     every registered tool; their declarations are what new conversations
-    record. A killed worker's cached workflows move to another worker after
-    one second (not the default ten), and heartbeats reach the server at
-    least once a second, so an abort or a dead worker is noticed quickly.
+    record. ``search_attributes``: the server has the agent's search
+    attributes (``missing_search_attributes``), so new conversations keep
+    them up to date. A killed worker's cached workflows move to another
+    worker after one second (not the default ten), and heartbeats reach the
+    server at least once a second, so an abort or a dead worker is noticed
+    quickly.
     """
     tools = dict(registered_tools() if tools is None else tools)
     declared = declarations(tools, set(settings.local_tools))
@@ -100,7 +107,7 @@ def build_worker(
     tool_activities = ToolActivities(
         tools, output_cap=settings.tool_output_cap, output_dir=settings.tool_output_dir
     )
-    session = SessionActivities(settings.default_model, declared)
+    session = SessionActivities(settings.default_model, declared, search_attributes=search_attributes)
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -118,10 +125,33 @@ def build_worker(
     )
 
 
+async def missing_search_attributes(client: Client, namespace: str) -> list[str]:
+    """The agent's search attributes the server does not have (all of them
+    when it cannot tell)."""
+    try:
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+    except RPCError as err:
+        logging.warning("Cannot list the server's search attributes: %s", err.message)
+        return list(SEARCH_ATTRIBUTES)
+    return [name for name in SEARCH_ATTRIBUTES if name not in response.custom_attributes]
+
+
 async def run_worker(settings: Settings) -> None:
     load_tool_modules(settings.tool_modules)
     client = await connect(settings)
-    worker = build_worker(client, settings)
+    missing = await missing_search_attributes(client, settings.namespace)
+    if missing:
+        register = " ".join(f"--name {name} --type {SEARCH_ATTRIBUTES[name]}" for name in missing)
+        print(
+            f"warning: the server lacks the search attribute(s) {', '.join(missing)}: conversations run "
+            "without them (no AgentStatus filter in the UI or `starter.py list`). Register them with "
+            f"`temporal operator search-attribute create {register}` and restart the worker.",
+            file=sys.stderr,
+            flush=True,
+        )
+    worker = build_worker(client, settings, search_attributes=not missing)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -12,10 +12,12 @@ from workflows.models import ToolDeclaration
 
 
 class SessionActivities:
-    """Register ``SessionActivities(model, tools).session_defaults``."""
+    """Register ``SessionActivities(model, tools).session_defaults``;
+    ``search_attributes`` says whether the server has the agent's search
+    attributes (checked when the worker starts)."""
 
-    def __init__(self, model: str, tools: list[ToolDeclaration]) -> None:
-        self._defaults = SessionDefaults(model=model, tools=tools)
+    def __init__(self, model: str, tools: list[ToolDeclaration], *, search_attributes: bool = False) -> None:
+        self._defaults = SessionDefaults(model=model, tools=tools, search_attributes=search_attributes)
 
     @activity.defn(name="session_defaults")
     async def session_defaults(self) -> SessionDefaults:

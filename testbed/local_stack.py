@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workflows.contract import SEARCH_ATTRIBUTES
+
 ROOT = Path(__file__).resolve().parent.parent  # the project
 
 
@@ -150,6 +152,8 @@ class DevServer:
             "--dynamic-config-value",
             "history.transferProcessorMaxPollRPS=10000",
         ]
+        for name, kind in SEARCH_ATTRIBUTES.items():
+            args += ["--search-attribute", f"{name}={kind}"]
         if self.db_filename:
             args += ["--db-filename", self.db_filename]
         if self.codec is not None:

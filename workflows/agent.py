@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -68,6 +69,14 @@ SIGNALS_BEFORE_SWITCH = SIGNAL_LIMIT // 2
 # A message's own nesting plus the input and transcript around it.
 START_INPUT_NESTING = MAX_NESTING + 8
 LINGER_PATCH = "linger-for-subscribers"
+SEARCH_ATTRIBUTES_PATCH = "search-attributes"
+SEARCH_ATTRIBUTE_KEYS: dict[str, Any] = {
+    "AgentStatus": SearchAttributeKey.for_keyword("AgentStatus"),
+    "AgentModel": SearchAttributeKey.for_keyword("AgentModel"),
+    "AgentTurns": SearchAttributeKey.for_int("AgentTurns"),
+    "AgentTotalTokens": SearchAttributeKey.for_int("AgentTotalTokens"),
+    "AgentCost": SearchAttributeKey.for_float("AgentCost"),
+}
 ABORT_AT_BOUNDARY_PATCH = "no-switch-while-aborting"
 
 
@@ -177,6 +186,7 @@ class AgentWorkflow:
         if session.declared is None and workflow.patched(RECORDED_TOOLS_PATCH):
             defaults = await self._calls.session_defaults()
             session.declared = {tool.name: tool for tool in defaults.tools or []}
+            session.search_attributes = defaults.search_attributes
             settings.model = settings.model or defaults.model
         elif session.declared is None:
             session.declared = dict(self._bindings.legacy_tools)
@@ -207,6 +217,7 @@ class AgentWorkflow:
                 workflow.logger.warning("Not continuing: %s", err)
                 return
         run = session.begin_run()
+        self._update_details()
         context = AgentContext(session.messages, session.enabled_tools(), run)
         await run_agent_loop(
             pending.prompts,
@@ -615,8 +626,10 @@ class AgentWorkflow:
         return partial_message(self._stream.events_since(self._model_call_offset))
 
     def _update_details(self) -> None:
-        """The Temporal UI's "current details" of this conversation."""
+        """The Temporal UI's "current details" of this conversation, and its
+        search attributes (each upserted when its value changed)."""
         session = self._session
+        self._sync_search_attributes()
         lines = [
             f"**{session.status()}** · model `{session.settings.model}` · turn {session.turns.total} "
             f"· run {session.runs}",
@@ -634,6 +647,19 @@ class AgentWorkflow:
                 f"{approval.reason}. Decide with update approve_tool."
             )
         workflow.set_current_details("\n\n".join(lines))
+
+    def _sync_search_attributes(self) -> None:
+        session = self._session
+        if not session.search_attributes:
+            return  # the server lacks them (recorded when the conversation started)
+        values = session.search_attribute_values()
+        changed = {name: value for name, value in values.items() if session.published.get(name) != value}
+        if not changed or not workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+            return
+        workflow.upsert_search_attributes(
+            [SEARCH_ATTRIBUTE_KEYS[name].value_set(v) for name, v in changed.items()]
+        )
+        session.published.update(changed)
 
 
 __all__ = ["AgentWorkflow"]

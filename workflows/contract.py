@@ -30,6 +30,16 @@ ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 ToolExecutionMode = Literal["parallel", "sequential"]
 Status = Literal["idle", "running", "awaiting-approval", "closed"]
 
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    "AgentStatus": "Keyword",
+    "AgentModel": "Keyword",
+    "AgentTurns": "Int",
+    "AgentTotalTokens": "Int",
+    "AgentCost": "Double",
+}
+"""The custom search attributes a conversation keeps up to date (name ->
+Temporal type), when the server it runs on has them registered."""
+
 
 class AgentSettings(WireModel):
     """What ``configure`` may change at any time (pi's Agent setters)."""
@@ -102,14 +112,20 @@ class SessionCarry(WireModel):
     """Tool calls waiting for approval (their run continues in the next run)."""
     decisions: list[ApprovalRequest] = Field(default_factory=list)
     """Decisions that arrived while the conversation was continuing as new."""
+    search_attributes: bool = False
+    published: dict[str, Any] = Field(default_factory=dict)
+    """The search attribute values last upserted."""
 
 
 class SessionDefaults(WireModel):
     """What a conversation records from the worker when it starts: the
-    default model and every tool the worker declares."""
+    default model, every tool the worker declares, and whether the server
+    has the search attributes registered (upserting one it lacks would fail
+    every workflow task)."""
 
     model: str
     tools: list[ToolDeclaration] | None = None
+    search_attributes: bool = False
 
 
 class PromptResult(WireModel):

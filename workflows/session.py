@@ -82,6 +82,8 @@ class Session:
         self.running_tools: list[str] = []
         self.approvals: dict[str, PendingApproval] = {a.tool_call_id: a for a in carry.approvals}
         self.decisions: dict[str, ApprovalRequest] = {d.tool_call_id: d for d in carry.decisions}
+        self.search_attributes = carry.search_attributes
+        self.published: dict[str, Any] = dict(carry.published)
 
     # --- status -------------------------------------------------------------------
 
@@ -315,4 +317,16 @@ class Session:
             last_run_start=self.last_run_start,
             approvals=list(self.approvals.values()),
             decisions=list(self.decisions.values()),
+            search_attributes=self.search_attributes,
+            published=self.published,
         )
+
+    def search_attribute_values(self) -> dict[str, Any]:
+        """What the conversation's search attributes should say now."""
+        return {
+            "AgentStatus": self.status(),
+            "AgentModel": self.settings.model or "",
+            "AgentTurns": self.turns.total,
+            "AgentTotalTokens": self.usage.total_tokens,
+            "AgentCost": round(self.usage.cost.total, 6),
+        }

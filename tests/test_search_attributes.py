@@ -1,0 +1,76 @@
+"""Finding conversations: each keeps AgentStatus, AgentModel, AgentTurns,
+AgentTotalTokens and AgentCost up to date, so a visibility query (the UI's
+search box, `starter.py list`) finds, say, every conversation waiting for
+an approval."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio.client import Client
+
+from tests.support.stack import EventLog, Stack
+
+
+async def find(
+    client: Client, query: str, among: set[str], expected: set[str], timeout: float = 15
+) -> set[str]:
+    """The ids among ``among`` that ``query`` lists, once they are
+    ``expected`` (visibility is eventually consistent) or at the timeout."""
+    found: set[str] = set()
+    for _ in range(int(timeout / 0.2)):
+        found = {w.id async for w in client.list_workflows(query)} & among
+        if found == expected:
+            break
+        await asyncio.sleep(0.2)
+    return found
+
+
+async def attributes(client: Client, workflow_id: str) -> dict[str, Any]:
+    description = await client.get_workflow_handle(workflow_id).describe()
+    return {key.name: value for key, value in description.typed_search_attributes}
+
+
+async def test_conversations_are_found_by_status_and_model(stack: Stack) -> None:
+    idle = await stack.start()
+    stack.script({"text": "four", "usage": {"prompt_tokens": 10, "completion_tokens": 3}})
+    answered = await stack.start(prompt="2+2?")
+    await answered.execute_update("wait_for_idle")
+
+    stack.script({"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 300, "steps": 300}}]})
+    running = await stack.start(prompt="work")
+    log = EventLog(stack.client, running.id)
+    await log.wait_for_type("tool_execution_start")
+    log.close()
+
+    stack.script({"tool_calls": [{"id": "g1", "name": "guarded_echo", "arguments": {"text": "x"}}]})
+    waiting = await stack.start(prompt="ask")
+    log = EventLog(stack.client, waiting.id)
+    await log.wait_for_type("tool_approval_request")
+    log.close()
+
+    closed = await stack.start()
+    await closed.signal("close")
+    await closed.result()
+
+    ids = {h.id for h in (idle, answered, running, waiting, closed)}
+    by_status = {
+        "idle": {idle.id, answered.id},
+        "running": {running.id},
+        "awaiting-approval": {waiting.id},
+        "closed": {closed.id},
+    }
+    for status, expected in by_status.items():
+        assert await find(stack.client, f"AgentStatus = '{status}'", ids, expected) == expected, status
+    assert await find(stack.client, f"AgentModel = '{stack.model}'", ids, ids) == ids
+
+    values = await attributes(stack.client, answered.id)
+    assert values["AgentTurns"] == 1 and values["AgentTotalTokens"] == 13
+    assert values["AgentModel"] == stack.model and values["AgentStatus"] == "idle"
+    assert "AgentCost" in values
+
+    await running.signal("abort")
+    await waiting.signal("abort")
+    for handle in (idle, answered, running, waiting):
+        await handle.signal("close")
