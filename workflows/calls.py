@@ -181,26 +181,45 @@ class ActivityCalls:
 
     async def _run_tool(self, prepared: PreparedToolCall, activity_id: str, key: str) -> ToolOutcome:
         call, tool = prepared.call, prepared.tool
-        handle = workflow.start_activity(
-            TOOL_ACTIVITY,
-            ToolRequest(
-                tool_call=ToolCall(id=call.id, name=call.name, arguments=prepared.args),
-                stream_batch_ms=self._session.settings.stream_batch_ms,
-                idempotency_key=key,
-                max_batches=self._batch_budget(max(1, len(self._tools) + 1)),
-            ),
-            result_type=ToolOutcome,
-            activity_id=activity_id,
-            start_to_close_timeout=timedelta(seconds=tool.timeout_seconds),
-            heartbeat_timeout=HEARTBEAT_TIMEOUT,
-            retry_policy=TOOL_RETRY,
-            cancellation_type=(
-                workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
-                if workflow.patched(WAIT_CANCEL_PATCH)
-                else workflow.ActivityCancellationType.TRY_CANCEL
-            ),
-            summary=tool_summary(call.name, prepared.args),
+        request = ToolRequest(
+            tool_call=ToolCall(id=call.id, name=call.name, arguments=prepared.args),
+            stream_batch_ms=self._session.settings.stream_batch_ms,
+            idempotency_key=key,
+            max_batches=self._batch_budget(max(1, len(self._tools) + 1)),
         )
+        cancellation = (
+            workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+            if workflow.patched(WAIT_CANCEL_PATCH)
+            else workflow.ActivityCancellationType.TRY_CANCEL
+        )
+        timeout = timedelta(seconds=tool.timeout_seconds)
+        summary = tool_summary(call.name, prepared.args)
+        handle: workflow.ActivityHandle[ToolOutcome]
+        if tool.local:
+            # The fast path: run in this workflow task, on this worker, with
+            # no server round trip; no heartbeats and no row of its own in the UI.
+            handle = workflow.start_local_activity(
+                TOOL_ACTIVITY,
+                request,
+                result_type=ToolOutcome,
+                activity_id=activity_id,
+                start_to_close_timeout=timeout,
+                retry_policy=TOOL_RETRY,
+                cancellation_type=cancellation,
+                summary=summary,
+            )
+        else:
+            handle = workflow.start_activity(
+                TOOL_ACTIVITY,
+                request,
+                result_type=ToolOutcome,
+                activity_id=activity_id,
+                start_to_close_timeout=timeout,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=TOOL_RETRY,
+                cancellation_type=cancellation,
+                summary=summary,
+            )
         self._tools[call.id] = handle
         self.on_change()
         try:
