@@ -36,6 +36,7 @@ from runtime.connect import ServerUnreachable, connect
 from runtime.payloads import blob_store
 from runtime.sandbox import workflow_runner
 from runtime.settings import Settings, SettingsError
+from runtime.telemetry import metrics_runtime, tracing_interceptors
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
 from workflows.contract import SEARCH_ATTRIBUTES
@@ -140,7 +141,8 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
 
 async def run_worker(settings: Settings) -> None:
     load_tool_modules(settings.tool_modules)
-    client = await connect(settings)
+    runtime = metrics_runtime(settings)
+    client = await connect(settings, runtime=runtime, interceptors=tracing_interceptors(settings))
     missing = await missing_search_attributes(client, settings.namespace)
     if missing:
         register = " ".join(f"--name {name} --type {SEARCH_ATTRIBUTES[name]}" for name in missing)
@@ -159,6 +161,8 @@ async def run_worker(settings: Settings) -> None:
     async with worker:
         logging.info("Worker polling task queue %r on %s", settings.task_queue, settings.address)
         print(f"worker ready: task queue {settings.task_queue!r} on {settings.address}", flush=True)
+        if runtime is not None:
+            print(f"metrics: http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
         await stop.wait()
         logging.info("Shutting down: finishing running activities")
 
@@ -169,6 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--tools", action="append", default=[], metavar="MODULE", help="tool module to load (repeatable)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics (default AGENT_METRICS_PORT)",
     )
     args = parser.parse_args(argv)
     code = 0

@@ -38,7 +38,13 @@ from activities.openai_chat import (
 )
 from activities.tools import ToolSpec, registered_tools
 from workflows.contract import LlmRequest, LlmResult
-from workflows.models import AgentMessage, MessageRetryEvent, MessageStartEvent, MessageUpdateEvent
+from workflows.models import (
+    AgentMessage,
+    AssistantMessage,
+    MessageRetryEvent,
+    MessageStartEvent,
+    MessageUpdateEvent,
+)
 
 ContextTransform = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitable[list[AgentMessage]]"]
 LlmConverter = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitable[list[AgentMessage]]"]
@@ -105,6 +111,7 @@ class LlmActivities:
         publisher = ActivityEventPublisher(
             request.stream_batch_ms, None if budget is None else max(1, budget)
         )
+        metrics = _ModelMetrics(request.model)
         async with publisher as events, heartbeating():
             if info.attempt > 1:
                 events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
@@ -117,7 +124,10 @@ class LlmActivities:
                     raise  # worker shutdown or timeout: let Temporal retry elsewhere
                 message, argument_errors, closing = assembler.finish(aborted=True)
             except Exception as err:
-                raise _classify(err) from err
+                failure = _classify(err)
+                metrics.failed(failure.type or "Unknown")
+                raise failure from err
+            metrics.answered(message)
             for event in closing:
                 events.publish(MessageUpdateEvent(assistant_message_event=event))
         context_ref = None
@@ -211,6 +221,32 @@ async def _stream(
             # The first token goes out at once; the rest in batches.
             events.publish(MessageUpdateEvent(assistant_message_event=delta), flush=first_delta)
             first_delta = False
+
+
+class _ModelMetrics:
+    """The worker's model metrics for one call (Prometheus, by model)."""
+
+    def __init__(self, model: str) -> None:
+        self._meter = activity.metric_meter().with_additional_attributes({"model": model})
+        self._started = time.monotonic()
+
+    def answered(self, message: AssistantMessage) -> None:
+        meter, usage = self._meter, message.usage
+        meter.create_histogram_timedelta(
+            "agent_model_call_latency", "Model call, request to last token"
+        ).record(timedelta(seconds=time.monotonic() - self._started))
+        meter.create_counter("agent_model_tokens_input", "Prompt tokens (cached ones included)").add(
+            usage.input + usage.cache_read
+        )
+        meter.create_counter("agent_model_tokens_output", "Completion tokens").add(usage.output)
+        meter.create_counter("agent_model_cost_microdollars", "Model cost in millionths of a dollar").add(
+            round(usage.cost.total * 1_000_000)
+        )
+
+    def failed(self, error_class: str) -> None:
+        self._meter.create_counter("agent_model_errors", "Failed model calls, by error class").add(
+            1, {"error_class": error_class}
+        )
 
 
 def _classify(err: Exception) -> ApplicationError:

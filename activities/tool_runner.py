@@ -16,7 +16,9 @@ import asyncio
 import json
 import os
 import re
+import time
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,7 @@ class ToolActivities:
                         publish_progress=publish_progress,
                     )
                 )
+                started = time.monotonic()
                 try:
                     outcome = self._bounded(_as_outcome(await spec.function(args)), key)
                 except asyncio.CancelledError:
@@ -123,6 +126,7 @@ class ToolActivities:
                     outcome = _error(str(err) or type(err).__name__)
                 finally:
                     _current.reset(token)
+        _record_tool_metrics(call.name, time.monotonic() - started, outcome.is_error)
         return outcome.model_copy(update={"events": events.tail})
 
     def _bounded(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
@@ -176,6 +180,15 @@ class ToolActivities:
         return outcome.model_copy(
             update={"content": kept, "details": {**details, "fullOutputPath": str(path)}}
         )
+
+
+def _record_tool_metrics(tool: str, seconds: float, is_error: bool) -> None:
+    meter = activity.metric_meter().with_additional_attributes({"tool": tool})
+    meter.create_histogram_timedelta("agent_tool_latency", "Tool call duration").record(
+        timedelta(seconds=seconds)
+    )
+    if is_error:
+        meter.create_counter("agent_tool_errors", "Tool calls that ended in an error result").add(1)
 
 
 def _as_outcome(returned: Any) -> ToolOutcome:

@@ -5,7 +5,11 @@ converter (pi's camelCase JSON, compression, external storage)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
 from runtime.payloads import data_converter
@@ -28,8 +32,11 @@ def tls_config(settings: Settings) -> TLSConfig | bool:
     )
 
 
-async def connect(settings: Settings) -> Client:
-    """A client of the server ``settings`` name, or ``ServerUnreachable``."""
+async def connect(
+    settings: Settings, *, runtime: Runtime | None = None, interceptors: Sequence[Any] = ()
+) -> Client:
+    """A client of the server ``settings`` name, or ``ServerUnreachable``
+    (``runtime``: the worker's metrics runtime; ``interceptors``: tracing)."""
     try:
         return await Client.connect(
             settings.address,
@@ -37,6 +44,8 @@ async def connect(settings: Settings) -> Client:
             data_converter=data_converter(settings),
             tls=tls_config(settings),
             api_key=settings.temporal_api_key,
+            runtime=runtime,
+            interceptors=interceptors,
         )
     except RuntimeError as err:
         raise ServerUnreachable(

@@ -57,6 +57,9 @@ class Settings:
     sdk_fallbacks: bool = False
     max_concurrent_activities: int = 200
     log_level: str = "INFO"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    otel_endpoint: str | None = None
     # S3 / MinIO (keys come from the AWS_* variables boto reads itself)
     aws_endpoint_url: str | None = None
     aws_region: str | None = None
@@ -97,6 +100,11 @@ class Settings:
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
             log_level=text("LOG_LEVEL", "INFO") or "INFO",
+            metrics_port=int(_number(env, "AGENT_METRICS_PORT", -1, whole=True))
+            if text("AGENT_METRICS_PORT")
+            else None,
+            metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",
+            otel_endpoint=text("OTEL_EXPORTER_OTLP_ENDPOINT"),
             aws_endpoint_url=text("AWS_ENDPOINT_URL"),
             aws_region=text("AWS_REGION"),
         )

@@ -55,7 +55,14 @@ with workflow.unsafe.imports_passed_through():
         run_agent_loop,
         run_loop,
     )
-    from workflows.models import AgentMessage, AssistantMessage, ToolApprovalRequestEvent, ToolCall, WireModel
+    from workflows.models import (
+        AgentMessage,
+        AssistantMessage,
+        ToolApprovalRequestEvent,
+        ToolCall,
+        WaitingCall,
+        WireModel,
+    )
     from workflows.queues import MessageQueue
     from workflows.session import ContinueRefused, Session
     from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream, partial_message
@@ -293,8 +300,10 @@ class AgentWorkflow:
         batch = session.run.batch if session.run is not None else None
         waiting = batch.waiting.get(call.id) if batch is not None else None
         timeout = session.settings.approval_timeout_seconds
-        if waiting is not None and waiting.deadline_ms is None and timeout:
-            waiting.deadline_ms = self._now_ms() + int(timeout * 1000)
+        if waiting is not None and waiting.requested_ms is None:
+            waiting.requested_ms = self._now_ms()
+            if timeout:
+                waiting.deadline_ms = waiting.requested_ms + int(timeout * 1000)
         if call.id not in session.approvals:  # announced once, also across continue-as-new
             self._emit(
                 ToolApprovalRequestEvent(
@@ -322,6 +331,7 @@ class AgentWorkflow:
                     break
                 await self._continue_as_new()  # never returns
         except TimeoutError:
+            self._record_approval(call.name, "timeout", waiting)
             return ApprovalDecision(False, f"Tool call {call.name} was not approved within {timeout:g} s.")
         finally:
             if not self._switching:
@@ -329,11 +339,24 @@ class AgentWorkflow:
                 self._update_details()
         decision = session.decisions.pop(call.id, None)
         if decision is None:
+            self._record_approval(call.name, "aborted", waiting)
             return ApprovalDecision(False, "Tool execution aborted while waiting for approval.")
         if decision.approved:
+            self._record_approval(call.name, "approved", waiting)
             return ApprovalDecision(True)
+        self._record_approval(call.name, "rejected", waiting)
         because = f": {decision.reason}" if decision.reason else "."
         return ApprovalDecision(False, f"Tool call {call.name} was rejected{because}")
+
+    def _record_approval(self, tool: str, outcome: str, waiting: WaitingCall | None) -> None:
+        """Metrics (replay-safe: the SDK emits nothing while replaying)."""
+        meter = workflow.metric_meter().with_additional_attributes({"tool": tool, "outcome": outcome})
+        meter.create_counter("agent_approvals", "Tool calls decided by a person (or not)").add(1)
+        if waiting is not None and waiting.requested_ms is not None:
+            waited = timedelta(milliseconds=self._now_ms() - waiting.requested_ms)
+            meter.create_histogram_timedelta(
+                "agent_approval_wait", "Time a call waited for a decision"
+            ).record(waited)
 
     def _switch_while_waiting(self) -> bool:
         """Continue as new now, in the middle of a tool batch? Only when it is
@@ -353,8 +376,13 @@ class AgentWorkflow:
     def _emit(self, event: WireModel) -> None:
         self._session.observe(event)
         self._stream.publish(event)
-        if getattr(event, "type", None) == "agent_end":
+        kind = getattr(event, "type", None)
+        if kind == "agent_end":
             self._update_details()
+        elif kind == "turn_end":
+            workflow.metric_meter().create_counter("agent_turns", "Model turns (calls) of runs").add(
+                1, {"model": self._session.settings.model or ""}
+            )
 
     def _now_ms(self) -> int:
         return int(workflow.now().timestamp() * 1000)

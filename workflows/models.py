@@ -227,6 +227,8 @@ class WaitingCall(WireModel):
     reason: str
     deadline_ms: int | None = None
     """When the wait times out (``approvalTimeoutSeconds``), ms since the epoch."""
+    requested_ms: int | None = None
+    """When the approval was asked for (for the wait-time metric)."""
 
 
 class ToolBatch(WireModel):
