@@ -1,0 +1,242 @@
+"""The benchmark's comparison rows side by side: the in-process baseline, the
+floor (the loop moved into a workflow as plainly as possible), this project,
+and the peers whose packages are installed (``pip install -e '.[bench]'``).
+
+    .venv/bin/python -m bench.peers [--runs 5] [--rounds 20] [--rows floor,project]
+
+One dev server (dispatch rate limit lifted), one scripted model server (zero
+latency), one worker process per row on its own task queue. Scenario: K
+rounds of two parallel ``calculator`` calls, then an answer of a few tokens.
+One warm-up conversation per row, then ``--runs`` rounds in which every row
+runs one conversation, in an order rotated each round; medians. Per row:
+ms per turn (a turn is a model call) until the client has the final answer,
+CPU ms per turn of each process, history bytes, events and billable actions
+per turn (all runs of the conversation). Prints a table, then a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.peers.measure import ACTION_KINDS, CpuMeter, History, fetch_history
+from bench.peers.rows import Conversation, Row, ScriptedModel, Stack
+from bench.peers.scenario import steps
+from testbed.local_stack import DevServer
+
+DATA = Path(".agent-data/bench/peers")
+CONVERSATION_TIMEOUT_S = 180
+ROW_KEYS = ("baseline", "floor", "project", "agents", "agents-run", "pydantic-ai", "pydantic-ai-run")
+
+
+@dataclass
+class Sample:
+    conversation: Conversation
+    cpu_ms: dict[str, float]  # by role
+    history: History | None
+    stored_bytes: int | None
+
+
+def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
+    """Every row whose packages are installed, by key; the others, with why not."""
+    from bench.peers.floor.starter import FloorRow
+    from bench.peers.project import BaselineRow, ProjectRow
+
+    rows: dict[str, Row] = {"baseline": BaselineRow(), "floor": FloorRow(), "project": ProjectRow()}
+    missing: dict[str, str] = {}
+    try:
+        from bench.peers.agents_sdk.starter import AgentsSdkRow, AgentsSdkUnstreamedRow
+
+        rows |= {"agents": AgentsSdkRow(), "agents-run": AgentsSdkUnstreamedRow()}
+    except ImportError as err:
+        missing["agents"] = missing["agents-run"] = f"{err} (pip install -e '.[bench]')"
+    try:
+        from bench.peers.pydantic_ai_agent.starter import PydanticAiRow, PydanticAiUnstreamedRow
+
+        rows |= {"pydantic-ai": PydanticAiRow(), "pydantic-ai-run": PydanticAiUnstreamedRow()}
+    except ImportError as err:
+        missing["pydantic-ai"] = missing["pydantic-ai-run"] = f"{err} (pip install -e '.[bench]')"
+    return rows, missing
+
+
+async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int) -> Sample:
+    model = f"{key}-{uuid.uuid4().hex[:8]}"
+    await stack.model_server.script(model, steps(rounds))
+    stored_before = _tree_bytes(row.payload_store)
+    before = meter.read()
+    conversation = await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
+    after = meter.read()
+    stored_after = _tree_bytes(row.payload_store)
+    if conversation.turns != rounds + 1 or await stack.model_server.pending(model):
+        raise RuntimeError(f"{row.name}: {conversation.turns} model calls, expected {rounds + 1}")
+    history = None
+    if row.client is not None and conversation.workflow_id:
+        history = await fetch_history(row.client, conversation.workflow_id, conversation.first_run_id)
+    spent = CpuMeter.spent(before, after)
+    own = {f"{key}#{i}" for i in range(len(row.workers))}
+    cpu = {
+        "dev server": spent["dev server"],
+        "worker": sum(spent[role] for role in own),
+        "client": spent["client"],
+        "model server": spent["model server"],
+        "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
+    }
+    stored = None if stored_before is None or stored_after is None else stored_after - stored_before
+    return Sample(conversation, cpu, history, stored)
+
+
+def _tree_bytes(root: Path | None) -> int | None:
+    if root is None:
+        return None
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root.exists() else 0
+
+
+async def main(runs: int, rounds: int, keys: list[str]) -> dict[str, Any]:
+    started = time.monotonic()
+    DATA.mkdir(parents=True, exist_ok=True)
+    rows, missing = available_rows()
+    rows = {key: rows[key] for key in keys if key in rows}
+    dev = DevServer(log_path=DATA / "server.log").start()
+    try:
+        model_server = ScriptedModel.start(DATA / "scripted-model.log")
+        try:
+            samples, errors = await run_rows(Stack(dev, model_server, DATA), rows, runs, rounds)
+        finally:
+            await model_server.stop()
+    finally:
+        dev.stop()
+    summary: dict[str, Any] = {"rounds": rounds, "runs": runs, "rows": {}}
+    base = samples.get("baseline")
+    base_ms = statistics.median(_ms_per_turn(s) for s in base) if base else None
+    for key, row in rows.items():
+        summary["rows"][key] = _summarise(row.name, samples[key], base_ms, errors[key])
+    summary["missing"] = {key: missing[key] for key in keys if key in missing}
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    return summary
+
+
+async def run_rows(
+    stack: Stack, rows: dict[str, Row], runs: int, rounds: int
+) -> tuple[dict[str, list[Sample]], dict[str, list[str]]]:
+    """Each row's samples (and failures), rows interleaved, the order rotated each round."""
+    samples: dict[str, list[Sample]] = {key: [] for key in rows}
+    errors: dict[str, list[str]] = {key: [] for key in rows}
+    try:
+        for row in rows.values():
+            await row.start(stack)
+        assert stack.dev.process is not None
+        children = {"dev server": stack.dev.process.pid, "model server": stack.model_server.process.pid}
+        for key, row in rows.items():
+            children |= {f"{key}#{i}": worker.pid for i, worker in enumerate(row.workers)}
+        meter = CpuMeter(children)
+        order = list(rows)
+        for run in range(runs + 1):  # the first round warms every row up and is dropped
+            for key in order[run % len(order) :] + order[: run % len(order)]:
+                try:
+                    sample = await measure(rows[key], key, stack, meter, rounds)
+                except Exception as err:  # one failed conversation must not lose the others' figures
+                    errors[key].append(f"{type(err).__name__}: {err}")
+                    continue
+                if run:
+                    samples[key].append(sample)
+    finally:
+        for row in rows.values():
+            await row.stop()
+    return samples, errors
+
+
+def _ms_per_turn(sample: Sample) -> float:
+    return sample.conversation.seconds * 1000 / sample.conversation.turns
+
+
+def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "conversations": len(samples), "errors": errors}
+    if not samples:
+        return out
+
+    def median(values: Any, digits: int = 1) -> float:
+        return round(statistics.median(values), digits)
+
+    ms = statistics.median(_ms_per_turn(s) for s in samples)
+    out["turns"] = samples[0].conversation.turns
+    out["ms_per_turn"] = round(ms, 1)
+    out["ratio_to_baseline"] = round(ms / base_ms, 2) if base_ms else None
+    out["cpu_ms_per_turn"] = {
+        role: median(s.cpu_ms[role] / s.conversation.turns for s in samples) for role in samples[0].cpu_ms
+    }
+    histories = [(s.history, s.conversation.turns) for s in samples if s.history is not None]
+    if histories:
+        out["history_bytes_per_turn"] = round(statistics.median(h.bytes / t for h, t in histories))
+        out["history_events_per_turn"] = median(h.events / t for h, t in histories)
+        out["history_runs"] = median((h.runs for h, _ in histories), 0)
+        out["actions_per_turn"] = median((h.total_actions / t for h, t in histories), 2)
+        out["actions_per_conversation"] = {
+            kind: median((h.actions[kind] for h, _ in histories), 0)
+            for kind in ACTION_KINDS
+            if any(h.actions[kind] for h, _ in histories)
+        }
+    stored = [s.stored_bytes / s.conversation.turns for s in samples if s.stored_bytes is not None]
+    if stored:
+        out["payload_store_bytes_per_turn"] = round(statistics.median(stored))
+    return out
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print(f"K={summary['rounds']} rounds of two parallel tool calls, medians of {summary['runs']} runs")
+    print(
+        f"{'row':28} {'ms/turn':>8} {'x base':>6} | {'CPU ms/turn: server':>19} {'worker':>6} {'client':>6} "
+        f"{'model':>5} | {'hist B/turn':>11} {'ev/turn':>7} {'actions/turn':>12}"
+    )
+    for row in summary["rows"].values():
+        if "ms_per_turn" not in row:
+            print(f"{row['name']:28} failed: {row['errors'][:1]}")
+            continue
+        cpu = row["cpu_ms_per_turn"]
+        ratio = row["ratio_to_baseline"] if row["ratio_to_baseline"] is not None else "-"
+        hist_bytes, events = row.get("history_bytes_per_turn", "-"), row.get("history_events_per_turn", "-")
+        print(
+            f"{row['name']:28} {row['ms_per_turn']:>8} {ratio:>6} | {cpu['dev server']:>19} "
+            f"{cpu['worker']:>6} {cpu['client']:>6} {cpu['model server']:>5} | {hist_bytes:>11} "
+            f"{events:>7} {row.get('actions_per_turn', '-'):>12}"
+        )
+    print("billable actions per conversation (from history):")
+    for row in summary["rows"].values():
+        actions = row.get("actions_per_conversation")
+        if actions:
+            print(f"  {row['name']:26} " + ", ".join(f"{kind} {count:g}" for kind, count in actions.items()))
+    for row in summary["rows"].values():
+        if row.get("payload_store_bytes_per_turn"):
+            print(
+                f"{row['name']} also wrote {row['payload_store_bytes_per_turn']} B/turn to its payload store"
+            )
+    for key, reason in summary["missing"].items():
+        print(f"not run: {key}: {reason}")
+    print(f"took {summary['seconds']} s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5, help="measured rounds (after one warm-up round)")
+    parser.add_argument("--rounds", type=int, default=20, help="K: tool rounds per conversation")
+    parser.add_argument("--rows", default=",".join(ROW_KEYS), help=f"a subset of {','.join(ROW_KEYS)}")
+    args = parser.parse_args()
+    keys = [key.strip() for key in args.rows.split(",") if key.strip()]
+    unknown = sorted(set(keys) - set(ROW_KEYS))
+    if unknown:
+        parser.error(f"unknown rows {unknown}: choose from {', '.join(ROW_KEYS)}")
+    result = asyncio.run(main(args.runs, args.rounds, keys))
+    print_table(result)
+    print(json.dumps(result, indent=2))
+    sys.stdout.flush()
+    os._exit(0)

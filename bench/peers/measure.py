@@ -1,0 +1,109 @@
+"""What each conversation is measured by: CPU per process, and its history
+(bytes, events, billable actions), fetched across continue-as-new."""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections import Counter
+from dataclasses import dataclass, field
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+# Events that Temporal Cloud bills as an action, one each. Queries, activity
+# heartbeats and rejected updates are billed too but leave no event, so they
+# are not in these counts.
+_ACTIONS = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED: "workflow_starts",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: "activities",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: "signals",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED: "updates",
+    EventType.EVENT_TYPE_TIMER_STARTED: "timers",
+    EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES: "search_attributes",
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED: "child_workflows",
+    EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED: "external_signals",
+}
+ACTION_KINDS = (*_ACTIONS.values(), "local_activities")
+_LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def process_cpu_ms(pid: int) -> float:
+    """User + system CPU of a process (all its threads, ended ones too) so far,
+    in ms; the kernel counts in clock ticks (10 ms)."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    return (int(fields[11]) + int(fields[12])) * 1000 / _TICKS_PER_SECOND
+
+
+def _stat_fields(path: str) -> list[str]:
+    # The command name (field 2) may hold spaces; the fields after it start past its ")".
+    text = open(path).read()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def own_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+@dataclass
+class CpuMeter:
+    """CPU of the benchmark's processes, read before and after a conversation:
+    ``children`` by role (dev server, scripted model, each row's worker), and
+    the benchmark process itself, the client."""
+
+    children: dict[str, int]
+
+    def read(self) -> dict[str, float]:
+        sample = {role: process_cpu_ms(pid) for role, pid in self.children.items()}
+        sample["client"] = own_cpu_ms()
+        return sample
+
+    @staticmethod
+    def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {role: after[role] - before[role] for role in before}
+
+
+@dataclass
+class History:
+    """A conversation's history over all its runs."""
+
+    events: int = 0
+    bytes: int = 0
+    runs: int = 0
+    actions: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total_actions(self) -> int:
+        return sum(self.actions.values())
+
+
+async def fetch_history(client: Client, workflow_id: str, first_run_id: str | None) -> History:
+    """Every run's events, from the first run along its continue-as-new chain."""
+    history = History()
+    run_id = first_run_id
+    while True:
+        fetched = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        history.runs += 1
+        history.events += len(fetched.events)
+        history.bytes += sum(event.ByteSize() for event in fetched.events)
+        next_run = None
+        for event in fetched.events:
+            kind = _action(event)
+            if kind:
+                history.actions[kind] += 1
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                next_run = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+        if not next_run:
+            return history
+        run_id = next_run
+
+
+def _action(event: HistoryEvent) -> str | None:
+    if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+        marker = event.marker_recorded_event_attributes.marker_name
+        return "local_activities" if marker == _LOCAL_ACTIVITY_MARKER else None
+    return _ACTIONS.get(event.event_type)

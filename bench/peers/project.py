@@ -1,0 +1,87 @@
+"""This project's row and the in-process baseline, started as ``bench.run``
+starts them (its helpers: ``stack_env``, ``start_worker``, ``connect``,
+``baseline_conversation``). The only module here that imports the project.
+
+The conversation is driven as ``bench.run.durable_conversation`` drives it
+(start, a subscriber following the ``events`` topic to ``agent_end``, then
+the result), without its first-token bookkeeping and history fetch, which
+would land in the measured CPU, and keeping the workflow id."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+
+from bench import run as bench_run
+from bench.peers.rows import Conversation, Row, Stack
+from bench.peers.scenario import PROMPT
+from client import follow, start_conversation
+from runtime.connect import connect
+from runtime.settings import Settings
+from testbed.local_stack import start_worker
+
+TASK_QUEUE = "peers-project"
+
+
+@dataclass
+class ProjectRow(Row):
+    name: str = "this project"
+
+    async def start(self, stack: Stack) -> None:
+        # The worker refuses a payload store inside the tools' workspace (by
+        # default its working directory, which holds bench.run's store).
+        workspace = (stack.data / "workspace").resolve()
+        workspace.mkdir(parents=True, exist_ok=True)
+        env = {
+            **bench_run.stack_env(stack.dev, stack.model_server),  # type: ignore[arg-type]  # reads base_url
+            "TEMPORAL_TASK_QUEUE": TASK_QUEUE,
+            "AGENT_WORKSPACE": str(workspace),
+        }
+        self.payload_store = Path(env["AGENT_STORAGE_DIR"])
+        self.workers = [start_worker(env, log_path=stack.data / "worker-project.log")]
+        self.client = await connect(Settings.from_env({**os.environ, **env}))
+
+    async def converse(self, model: str) -> Conversation:
+        assert self.client is not None
+        workflow_id = f"project-{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        handle = await start_conversation(
+            self.client,
+            workflow_id,
+            {"model": model, "prompt": PROMPT, "closeWhenIdle": True},
+            task_queue=TASK_QUEUE,
+        )
+        async for _offset, event in follow(self.client, workflow_id):
+            if event["type"] == "agent_end":
+                break
+        seconds = time.monotonic() - started
+        result = await handle.result()
+        return Conversation(
+            seconds=seconds,
+            turns=sum(1 for message in result.messages if message.role == "assistant"),
+            workflow_id=workflow_id,
+            first_run_id=handle.first_execution_run_id,
+        )
+
+
+@dataclass
+class BaselineRow(Row):
+    """``bench.run``'s in-process loop: the same ``openai`` client, streaming,
+    the tools called concurrently in the same process."""
+
+    name: str = "in-process baseline"
+    _model_client: openai.AsyncOpenAI | None = None
+
+    async def start(self, stack: Stack) -> None:
+        self._model_client = openai.AsyncOpenAI(base_url=stack.model_base_url, api_key="bench", max_retries=0)
+
+    async def converse(self, model: str) -> Conversation:
+        assert self._model_client is not None
+        started = time.monotonic()
+        turns = await bench_run.baseline_conversation(self._model_client, model)
+        return Conversation(seconds=time.monotonic() - started, turns=turns)
