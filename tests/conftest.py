@@ -18,7 +18,7 @@ from temporalio.client import Client
 
 from runtime.connect import connect
 from runtime.settings import Settings
-from testbed.local_stack import CodecServer, DevServer, start_worker, stop_process
+from testbed.local_stack import CodecServer, DevServer, free_port, start_worker, stop_process
 from testbed.scripted_model import ScriptedModelServer
 from tests.support.stack import Stack
 
@@ -66,9 +66,20 @@ def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifac
 
 
 @pytest.fixture(scope="session")
+def metrics_port() -> int:
+    """Where the shared worker serves its Prometheus metrics."""
+    return _METRICS_PORT
+
+
+_METRICS_PORT = free_port()
+
+
+@pytest.fixture(scope="session")
 def worker(worker_env: dict[str, str], artifacts: Path) -> Iterator[None]:
-    """The real worker process, shared by the tests that do not kill it."""
-    process = start_worker(worker_env, ["tests.support.tools"], artifacts / "worker.log")
+    """The real worker process, shared by the tests that do not kill it
+    (the only one serving metrics, on ``metrics_port()``)."""
+    env = {**worker_env, "AGENT_METRICS_PORT": str(_METRICS_PORT)}
+    process = start_worker(env, ["tests.support.tools"], artifacts / "worker.log")
     yield
     stop_process(process)
 

@@ -77,6 +77,8 @@ SIGNALS_BEFORE_SWITCH = SIGNAL_LIMIT // 2
 START_INPUT_NESTING = MAX_NESTING + 8
 LINGER_PATCH = "linger-for-subscribers"
 SEARCH_ATTRIBUTES_PATCH = "search-attributes"
+# During a run, the turn, token and cost attributes are refreshed this often.
+SEARCH_ATTRIBUTE_TURNS = 10
 SEARCH_ATTRIBUTE_KEYS: dict[str, Any] = {
     "AgentStatus": SearchAttributeKey.for_keyword("AgentStatus"),
     "AgentModel": SearchAttributeKey.for_keyword("AgentModel"),
@@ -677,12 +679,26 @@ class AgentWorkflow:
         workflow.set_current_details("\n\n".join(lines))
 
     def _sync_search_attributes(self) -> None:
+        """Upsert the search attributes when the status or the model changes
+        (with the counters as they are then), and the counters alone every
+        SEARCH_ATTRIBUTE_TURNS turns of a long run: each upsert is a command
+        and a billable action, so not every turn pays for one."""
         session = self._session
         if not session.search_attributes:
             return  # the server lacks them (recorded when the conversation started)
         values = session.search_attribute_values()
-        changed = {name: value for name, value in values.items() if session.published.get(name) != value}
-        if not changed or not workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+        published = session.published
+        changed = {name: value for name, value in values.items() if published.get(name) != value}
+        if not changed:
+            return
+        turns_behind = values["AgentTurns"] - int(published.get("AgentTurns", 0))
+        if (
+            "AgentStatus" not in changed
+            and "AgentModel" not in changed
+            and turns_behind < SEARCH_ATTRIBUTE_TURNS
+        ):
+            return
+        if not workflow.patched(SEARCH_ATTRIBUTES_PATCH):
             return
         workflow.upsert_search_attributes(
             [SEARCH_ATTRIBUTE_KEYS[name].value_set(v) for name, v in changed.items()]

@@ -1,0 +1,105 @@
+"""Numbers on a dashboard: the worker's Prometheus endpoint, after a
+conversation, counts its tokens, cost, model calls, tool calls and errors,
+turns and approvals, beside the SDK's own metrics; and traces go to
+OpenTelemetry when asked."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+import uuid
+from typing import Any
+
+
+from runtime.settings import Settings
+from runtime.telemetry import tracing_interceptors
+from tests.support.stack import EventLog, Stack
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    """The sample ``name{labels...}`` (labels matched as a subset); 0 if absent."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def eventually(port: int, check: Any, timeout: float = 10) -> str:
+    """Metrics are exported asynchronously: scrape until ``check`` holds."""
+    text = ""
+    for _ in range(int(timeout / 0.2)):
+        text = scrape(port)
+        if check(text):
+            return text
+        await asyncio.sleep(0.2)
+    return text
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+async def test_the_metrics_endpoint_counts_a_conversation(stack: Stack, metrics_port: int) -> None:
+    usage = {"prompt_tokens": 100, "completion_tokens": 20}
+    stack.script(
+        {"tool_calls": [call("c1", "calculator", expression="1+1"), call("x1", "explode")], "usage": usage},
+        {"tool_calls": [call("g1", "guarded_echo", text="ok")], "usage": usage},
+        {"fault": {"kind": "status", "status": 400, "message": "bad"}},
+    )
+    handle = await stack.start(prompt="go")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+    await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": True})
+    await log.wait_for_type("agent_end")
+    log.close()
+    model = stack.model
+
+    text = await eventually(metrics_port, lambda t: value(t, "agent_turns_total", model=model) >= 3)
+    assert value(text, "agent_turns_total", model=model) == 3
+    assert value(text, "agent_model_tokens_input_total", model=model) == 200
+    assert value(text, "agent_model_tokens_output_total", model=model) == 40
+    assert value(text, "agent_model_errors_total", model=model, error_class="ModelHttp400") == 1
+    assert value(text, "agent_model_call_latency_count", model=model) == 2
+    assert value(text, "agent_tool_errors_total", tool="explode") >= 1
+    assert value(text, "agent_tool_latency_count", tool="calculator") >= 1
+    assert value(text, "agent_approvals_total", tool="guarded_echo", outcome="approved") >= 1
+    assert value(text, "agent_approval_wait_count", tool="guarded_echo") >= 1
+    assert "agent_model_cost_microdollars_total" in text
+    # The SDK's own runtime metrics are there too.
+    assert "temporal_workflow_task_execution_latency" in text or "temporal_request" in text
+    await handle.signal("close")
+
+
+async def test_traces_go_to_opentelemetry(stack: Stack, worker_env: dict[str, str]) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from client import start_conversation
+    from runtime.connect import connect
+    from worker import build_worker
+
+    exporter = InMemorySpanExporter()
+    queue = f"traced-{uuid.uuid4().hex[:6]}"
+    settings = Settings.from_env(worker_env, task_queue=queue)
+    client = await connect(settings, interceptors=tracing_interceptors(settings, span_exporter=exporter))
+    stack.script({"tool_calls": [call("t1", "calculator", expression="2*2")]}, {"text": "4"})
+    async with build_worker(client, settings):
+        handle = await start_conversation(
+            client,
+            f"traced-{uuid.uuid4().hex[:6]}",
+            {"model": stack.model, "prompt": "2*2?", "closeWhenIdle": True},
+            task_queue=queue,
+        )
+        await asyncio.wait_for(handle.result(), 30)
+    names = {span.name for span in exporter.get_finished_spans()}
+    assert "StartWorkflow:AgentWorkflow" in names
+    assert "RunActivity:execute_tool" in names and "RunActivity:stream_assistant_response" in names
