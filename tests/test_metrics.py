@@ -11,7 +11,6 @@ import urllib.request
 import uuid
 from typing import Any
 
-
 from runtime.settings import Settings
 from runtime.telemetry import tracing_interceptors
 from tests.support.stack import EventLog, Stack
