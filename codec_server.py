@@ -51,6 +51,7 @@ from temporalio.converter import (
     StorageDriverWorkflowInfo,
 )
 
+from runtime.converter import REFUSED
 from runtime.payloads import StoredPayloadMissing, data_converter
 from runtime.settings import Settings
 
@@ -149,6 +150,9 @@ async def _decode(converter: DataConverter, index: int, payload: Payload) -> Pay
         [raw] = await converter.decode([payload], [RawValue])
     except Exception as err:
         raise _decode_refusal(index, payload, err) from None
+    if raw.payload.metadata.get("encoding") == REFUSED:  # a bomb, a payload that does not decrypt
+        reason = raw.payload.data.decode(errors="replace")[:500].rstrip(".")
+        raise Refused(422, f"Payload {index} {reason}.")
     _check_encoding(converter, index, raw.payload, "decode")
     return raw.payload
 
@@ -198,7 +202,7 @@ def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
     """The encodings a payload converter reads (empty: it does not say)."""
     inner = payload_converter_class()
     if isinstance(inner, CompositePayloadConverter):
-        return frozenset(inner.converters)
+        return frozenset(inner.converters) - {REFUSED}
     return frozenset()
 
 
