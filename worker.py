@@ -93,10 +93,14 @@ def build_worker(
             read_timeout=settings.llm_read_timeout,
             context_store=ContextStore(blobs) if blobs else None,
             tools=tools,
+            secrets=settings.known_secrets(),
         )
     builtin_tools.set_workspace(settings.workspace)
     tool_activities = ToolActivities(
-        tools, output_cap=settings.tool_output_cap, output_dir=settings.tool_output_dir
+        tools,
+        output_cap=settings.tool_output_cap,
+        output_dir=settings.tool_output_dir,
+        secrets=settings.known_secrets(),
     )
     session = SessionActivities(settings.default_model, declared)
     return Worker(

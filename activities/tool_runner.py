@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from temporalio import activity
 
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
+from activities.redact import scrub
 from activities.tools import (
     ToolArgumentsError,
     ToolContext,
@@ -56,7 +57,9 @@ class ToolActivities:
 
     ``output_cap`` characters of a result's text go to the model; the full
     text is written under ``output_dir`` (mode 0600) and its path put in
-    ``details``.
+    ``details``. The text of an error result is scrubbed of credentials
+    (``secrets`` verbatim, and common shapes): an exception's message may
+    quote one, and it is stored in the history and shown to the model.
     """
 
     def __init__(
@@ -65,8 +68,10 @@ class ToolActivities:
         *,
         output_cap: int = DEFAULT_OUTPUT_CAP,
         output_dir: Path = Path(".agent-data/tool-output"),
+        secrets: Sequence[str | None] = (),
     ) -> None:
         self._tools = tools
+        self._secrets = tuple(secrets)
         self._output_cap = output_cap
         self._output_dir = output_dir.resolve()
 
@@ -123,7 +128,17 @@ class ToolActivities:
                     outcome = _error(str(err) or type(err).__name__)
                 finally:
                     _current.reset(token)
+        if outcome.is_error:
+            outcome = self._scrubbed(outcome)
         return outcome.model_copy(update={"events": events.tail})
+
+    def _scrubbed(self, outcome: ToolOutcome) -> ToolOutcome:
+        """An error result with credentials taken out of its text."""
+        content = [
+            c.model_copy(update={"text": scrub(c.text, self._secrets)}) if isinstance(c, TextContent) else c
+            for c in outcome.content
+        ]
+        return outcome.model_copy(update={"content": content})
 
     def _bounded(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
         """The outcome, safe to send and to keep in the transcript."""

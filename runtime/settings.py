@@ -76,6 +76,8 @@ class Settings:
     # S3 / MinIO (keys come from the AWS_* variables boto reads itself)
     aws_endpoint_url: str | None = None
     aws_region: str | None = None
+    # Only to scrub it from error texts; boto reads its own keys.
+    aws_secret_access_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -121,6 +123,7 @@ class Settings:
             codec_cors_origins=tuple(o.rstrip("/") for o in _names(text("AGENT_CODEC_CORS_ORIGINS"))),
             aws_endpoint_url=text("AWS_ENDPOINT_URL"),
             aws_region=text("AWS_REGION"),
+            aws_secret_access_key=text("AWS_SECRET_ACCESS_KEY"),
         )
         settings.check()
         return replace(settings, **overrides) if overrides else settings
@@ -152,6 +155,11 @@ class Settings:
                 "tools could read other conversations. Point AGENT_STORAGE_DIR (or AGENT_DATA_DIR) "
                 "outside AGENT_WORKSPACE."
             )
+
+    def known_secrets(self) -> tuple[str, ...]:
+        """The secret values this process holds, to scrub from error texts verbatim."""
+        values = (self.openai_api_key, self.temporal_api_key, self.codec_token, self.aws_secret_access_key)
+        return tuple(v for v in values if v)
 
     def workflow_url(self, workflow_id: str) -> str:
         """The conversation's page in the Temporal UI."""
