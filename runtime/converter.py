@@ -58,6 +58,20 @@ REFUSED = b"binary/refused"
 _REASON_CHARS = 500
 
 
+def refused_payload(reason: str) -> Payload:
+    """What a codec hands on instead of a payload it will not decode.
+
+    ``reason`` completes the sentence "A payload ..." ("decompresses to more
+    than ..."). Raising in a codec would fail the workflow task, and the
+    task would fail again on every retry (a wedged conversation); this
+    marker goes on to the payload converter instead, which refuses it with
+    the reason (``_RefusedPayloadConverter``): a signal carrying it is dropped,
+    an update refused, a start input fails the workflow with that sentence,
+    and the codec server answers 422 with it.
+    """
+    return Payload(metadata={"encoding": REFUSED}, data=reason.encode())
+
+
 class _RefusedPayloadConverter(EncodingPayloadConverter):
     """Reads a payload the codec refused: it raises the codec's reason."""
 

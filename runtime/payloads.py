@@ -1,7 +1,8 @@
-"""How payloads are written: the pydantic JSON converter, compression, and
-external storage (large payloads go to a file store or S3 and the workflow
-history keeps a small reference, so a long conversation stays under
-Temporal's 2 MB payload and 50 MB history limits).
+"""How payloads are written: the pydantic JSON converter, compression,
+encryption (``runtime/encryption.py``, with keys set), and external
+storage (large payloads go to a file store or S3 and the workflow history
+keeps a small reference, so a long conversation stays under Temporal's
+2 MB payload and 50 MB history limits).
 
 ``data_converter(settings)`` is the one place this is put together: the
 worker, every client and the codec server use it. Every client and worker of
@@ -26,6 +27,8 @@ from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClie
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
     ExternalStorage,
     PayloadCodec,
     StorageDriver,
@@ -35,7 +38,8 @@ from temporalio.converter import (
 )
 
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
-from runtime.converter import REFUSED, AgentPayloadConverter
+from runtime.converter import AgentPayloadConverter, refused_payload
+from runtime.encryption import CodecChain, EncryptionCodec, keyring
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
@@ -196,27 +200,14 @@ def external_storage(settings: Settings) -> ExternalStorage | None:
 
 def blob_store(settings: Settings) -> BlobStore | None:
     """The content-addressed store beside the external payloads (None when
-    ``AGENT_STORAGE=off``), for the context store."""
+    ``AGENT_STORAGE=off``), for the context store; its blobs are encrypted
+    when ``settings`` hold encryption keys (they pass through no codec)."""
     if settings.storage == "off":
         return None
     if settings.storage.startswith("s3://"):
         client, bucket = s3_client(settings.storage, settings)
-        return S3BlobStore(client, bucket)
-    return FileBlobStore(settings.storage_dir / "context")
-
-
-def refused_payload(reason: str) -> Payload:
-    """What a codec hands on instead of a payload it will not decode.
-
-    ``reason`` completes the sentence "A payload ..." ("decompresses to more
-    than ..."). Raising in a codec would fail the workflow task, and the
-    task would fail again on every retry (a wedged conversation); this
-    marker goes on to the payload converter instead, which refuses it with
-    the reason (``runtime/converter.py``): a signal carrying it is dropped,
-    an update refused, a start input fails the workflow with that sentence,
-    and the codec server answers 422 with it.
-    """
-    return Payload(metadata={"encoding": REFUSED}, data=reason.encode())
+        return S3BlobStore(client, bucket, sealer=keyring(settings))
+    return FileBlobStore(settings.storage_dir / "context", keyring(settings))
 
 
 class CompressionCodec(PayloadCodec):
@@ -288,12 +279,26 @@ _INFLATE_IN_THREAD_BYTES = 16 * 1024
 
 def data_converter(settings: Settings) -> DataConverter:
     """The data converter of the worker, its clients and the codec server:
-    pydantic JSON, compression and external storage as ``settings`` say.
-    Workers and clients must agree on all three."""
+    pydantic JSON, compression, encryption (with keys set) and external
+    storage as ``settings`` say. Workers and clients must agree on all four.
+
+    The codecs run compress-then-encrypt (and decrypt-then-decompress), and
+    the SDK stores a payload externally after the codecs ran, so stored
+    payloads are encrypted too. With keys set, failure messages and stack
+    traces also go through the codecs (encoded attributes), so the history
+    keeps no error text in the clear."""
+    keys = keyring(settings)
+    codecs = [
+        CompressionCodec(settings.compress_threshold, settings.max_decompressed_bytes),
+        EncryptionCodec(keys),
+    ]
     return dataclasses.replace(
         pydantic_data_converter,
         payload_converter_class=AgentPayloadConverter,
-        payload_codec=CompressionCodec(settings.compress_threshold, settings.max_decompressed_bytes),
+        payload_codec=CodecChain(codecs),
+        failure_converter_class=(
+            DefaultFailureConverterWithEncodedAttributes if keys is not None else DefaultFailureConverter
+        ),
         external_storage=external_storage(settings),
     )
 

@@ -207,7 +207,7 @@ def assert_one_sentence(status: int, text: str, expected_status: int, *words: st
         (
             as_json([payload(b"x", b"binary/encrypted")]),
             422,
-            ["Payload 0", "binary/encrypted", "cannot decode"],
+            ["Payload 0", "binary/encrypted", "no encryption key", "AGENT_ENCRYPTION_KEYS"],
         ),
         (as_json([payload(b'"ok"'), payload(b"not zlib", ZLIB)]), 422, ["Payload 1", "does not decompress"]),
     ],
