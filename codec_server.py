@@ -11,10 +11,10 @@ counts, so it can be mounted under any prefix). ``/decode`` undoes the
 compression and resolves external-storage references to the stored
 payload, so even a payload kept outside the history reads as its JSON.
 
-It runs the worker's own data converter (``storage.data_converter_from_env``:
-the same codec and the same storage settings, AGENT_STORAGE and friends),
-on raw payloads, through the SDK's public path (``RawValue``): no second
-implementation of either.
+It runs the worker's own data converter (``runtime.payloads.data_converter``
+with the worker's settings: the same compression, encryption keys and
+storage, AGENT_STORAGE and friends), on raw payloads, through the SDK's
+public path (``RawValue``): no second implementation of any of them.
 
 The payloads are conversation contents, so it listens on 127.0.0.1 unless
 told otherwise, answers browsers only from the origins given
@@ -51,7 +51,9 @@ from temporalio.converter import (
     StorageDriverWorkflowInfo,
 )
 
-from runtime.payloads import StoredPayloadMissing, data_converter_from_env
+from runtime.converter import REFUSED
+from runtime.payloads import StoredPayloadMissing, data_converter
+from runtime.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8081
@@ -61,12 +63,6 @@ DEFAULT_CORS_ORIGINS = ("http://localhost:8233", "http://127.0.0.1:8233", "http:
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 log = logging.getLogger("codec_server")
-
-
-def payload_converter() -> DataConverter:
-    """The converter the worker uses (compression and external storage as the
-    environment sets them). The one place this server gets it."""
-    return data_converter_from_env()
 
 
 @dataclass(frozen=True)
@@ -154,6 +150,9 @@ async def _decode(converter: DataConverter, index: int, payload: Payload) -> Pay
         [raw] = await converter.decode([payload], [RawValue])
     except Exception as err:
         raise _decode_refusal(index, payload, err) from None
+    if raw.payload.metadata.get("encoding") == REFUSED:  # a bomb, a payload that does not decrypt
+        reason = raw.payload.data.decode(errors="replace")[:500].rstrip(".")
+        raise Refused(422, f"Payload {index} {reason}.")
     _check_encoding(converter, index, raw.payload, "decode")
     return raw.payload
 
@@ -203,7 +202,7 @@ def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
     """The encodings a payload converter reads (empty: it does not say)."""
     inner = payload_converter_class()
     if isinstance(inner, CompositePayloadConverter):
-        return frozenset(inner.converters)
+        return frozenset(inner.converters) - {REFUSED}
     return frozenset()
 
 
@@ -311,8 +310,10 @@ def _refusal(request: web.Request, refused: Refused) -> web.Response:
 # --- the process --------------------------------------------------------------------
 
 
-def settings_from(argv: Sequence[str] | None = None) -> CodecSettings:
-    """Settings from the command line, then the environment, then the defaults."""
+def settings_from(argv: Sequence[str] | None = None, settings: Settings | None = None) -> CodecSettings:
+    """Where to listen and whom to answer: the command line, then ``settings``
+    (AGENT_CODEC_CORS_ORIGINS, AGENT_CODEC_TOKEN), then the defaults."""
+    settings = settings or Settings.from_env()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -326,26 +327,26 @@ def settings_from(argv: Sequence[str] | None = None) -> CodecSettings:
         "else the dev server's and compose's UI)",
     )
     args = parser.parse_args(argv)
-    from_env = [o.strip() for o in os.environ.get("AGENT_CODEC_CORS_ORIGINS", "").split(",") if o.strip()]
-    origins = args.cors_origin or from_env or list(DEFAULT_CORS_ORIGINS)
+    origins = args.cors_origin or settings.codec_cors_origins or DEFAULT_CORS_ORIGINS
     return CodecSettings(
         host=args.host,
         port=args.port,
         cors_origins=tuple(o.rstrip("/") for o in origins),
-        token=os.environ.get("AGENT_CODEC_TOKEN") or None,
+        token=settings.codec_token,
     )
 
 
-async def serve(settings: CodecSettings) -> None:
-    """Serve until SIGINT or SIGTERM; prints ``codec server listening on URL`` when ready."""
+async def serve(codec: CodecSettings, settings: Settings) -> None:
+    """Serve until SIGINT or SIGTERM with the worker's converter (as ``settings``
+    say); prints ``codec server listening on URL`` when ready."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before saying "listening": a stop may follow at once
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(build_app(payload_converter(), settings), access_log=None)
+    runner = web.AppRunner(build_app(data_converter(settings), codec), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
+        site = web.TCPSite(runner, codec.host, codec.port)
         await site.start()
         host, port = runner.addresses[0][:2]
         print(f"codec server listening on http://{_url_host(host)}:{port}", flush=True)
@@ -359,19 +360,19 @@ def _url_host(host: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = settings_from(argv)
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
-    )
     code = 0
+    codec = CodecSettings()
     try:
-        asyncio.run(serve(settings))
-    except (ValueError, ImportError) as err:  # storage settings (AGENT_STORAGE...)
+        settings = Settings.from_env()
+        codec = settings_from(argv, settings)
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+        asyncio.run(serve(codec, settings))
+    except (ValueError, ImportError) as err:  # settings (AGENT_STORAGE, AGENT_ENCRYPTION_KEYS...)
         print(f"error: {err}", file=sys.stderr)
         code = 2
     except OSError as err:
         print(
-            f"error: cannot listen on {settings.host}:{settings.port} ({err.strerror or err}).",
+            f"error: cannot listen on {codec.host}:{codec.port} ({err.strerror or err}).",
             file=sys.stderr,
         )
         code = 2

@@ -101,12 +101,16 @@ def build_worker(
             read_timeout=settings.llm_read_timeout,
             context_store=ContextStore(blobs) if blobs else None,
             tools=tools,
+            secrets=settings.known_secrets(),
         )
     if settings.sdk_fallbacks:
         logging.info("SDK fallbacks forced on: stock workflow sandbox, stream without subscriber tracking")
     builtin_tools.set_workspace(settings.workspace)
     tool_activities = ToolActivities(
-        tools, output_cap=settings.tool_output_cap, output_dir=settings.tool_output_dir
+        tools,
+        output_cap=settings.tool_output_cap,
+        output_dir=settings.tool_output_dir,
+        secrets=settings.known_secrets(),
     )
     session = SessionActivities(settings.default_model, declared, search_attributes=search_attributes)
     return Worker(

@@ -10,6 +10,11 @@ its digest, and a blob that fails the check is treated as missing (and
 removed, so the next write puts it back whole). Files are written
 atomically (a unique temporary file, fsync, rename) and readable by their
 owner only.
+
+With a ``sealer`` (the encryption keys, ``runtime/encryption.py``) blobs are
+stored encrypted, under the digest of their plaintext, which is checked
+after decrypting. A blob that cannot be decrypted here (no key, another
+key) is reported missing but left alone: another process may hold its key.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# An encrypted blob starts with these bytes (a plaintext one is JSON).
+SEALED_PREFIX = b"\x00DAE1"
 
 
 class BlobMissing(LookupError):
@@ -47,11 +54,41 @@ class BlobStore(Protocol):
     async def get(self, digest: str) -> bytes: ...
 
 
+class BlobSealer(Protocol):
+    """Encrypts blobs at rest, bound to their digest."""
+
+    def seal_blob(self, data: bytes, digest: str) -> bytes: ...
+    def open_blob(self, blob: bytes, digest: str) -> bytes | None: ...
+
+
+def _sealed(sealer: BlobSealer | None, data: bytes, digest: str) -> bytes:
+    return sealer.seal_blob(data, digest) if sealer is not None else data
+
+
+def _opened(sealer: BlobSealer | None, where: str, blob: bytes, digest: str) -> bytes:
+    """The plaintext of a stored blob (a plaintext blob, written before
+    encryption was on, as it is); ``BlobMissing`` if it cannot be decrypted."""
+    if not blob.startswith(SEALED_PREFIX):
+        return blob
+    if sealer is None:
+        raise BlobMissing(
+            f"{where} is encrypted and this process has no encryption key (AGENT_ENCRYPTION_KEYS)"
+        )
+    try:
+        plain = sealer.open_blob(blob, digest)
+    except Exception as err:
+        raise BlobMissing(
+            f"{where} cannot be decrypted: {err or type(err).__name__} (AGENT_ENCRYPTION_KEYS)"
+        ) from None
+    return blob if plain is None else plain
+
+
 class FileBlobStore:
     """Blobs as files ``root/<first 2 hex>/<digest>``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, sealer: BlobSealer | None = None) -> None:
         self.root = root
+        self._sealer = sealer
 
     def path(self, digest: str) -> Path:
         digest = checked_digest(digest)
@@ -79,7 +116,7 @@ class FileBlobStore:
         fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:8]}-")
         try:
             with os.fdopen(fd, "wb") as temp:
-                temp.write(data)
+                temp.write(_sealed(self._sealer, data, digest))
                 temp.flush()
                 os.fsync(temp.fileno())
             os.replace(temp_name, path)
@@ -91,7 +128,7 @@ class FileBlobStore:
         """The blob, checked against its digest; ``BlobMissing`` if absent or corrupt."""
         path = self.path(digest)
         try:
-            data = path.read_bytes()
+            data = _opened(self._sealer, str(path), path.read_bytes(), digest)
         except FileNotFoundError:
             raise BlobMissing(f"{path} is missing") from None
         if digest_of(data) != digest:
@@ -104,15 +141,22 @@ class FileBlobStore:
 class S3BlobStore:
     """Blobs as objects ``<prefix><digest>`` in a bucket (the SDK's S3 client)."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "context/") -> None:
+    def __init__(
+        self, client: Any, bucket: str, prefix: str = "context/", sealer: BlobSealer | None = None
+    ) -> None:
         self._client = client
         self._bucket = bucket
         self._prefix = prefix
+        self._sealer = sealer
 
     async def put_many(self, blobs: dict[str, bytes]) -> None:
         await asyncio.gather(
             *(
-                self._client.put_object(bucket=self._bucket, key=self._prefix + checked_digest(d), data=data)
+                self._client.put_object(
+                    bucket=self._bucket,
+                    key=self._prefix + checked_digest(d),
+                    data=_sealed(self._sealer, data, d),
+                )
                 for d, data in blobs.items()
             )
         )
@@ -123,6 +167,7 @@ class S3BlobStore:
             data: bytes = await self._client.get_object(bucket=self._bucket, key=key)
         except Exception as err:
             raise BlobMissing(f"s3://{self._bucket}/{key} could not be read: {err}") from None
+        data = _opened(self._sealer, f"s3://{self._bucket}/{key}", data, digest)
         if digest_of(data) != digest:
             raise BlobMissing(f"s3://{self._bucket}/{key} is corrupt (its sha256 does not match)")
         return data

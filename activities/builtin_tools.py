@@ -1,12 +1,23 @@
 """Example tools that ship with the worker: a calculator, and a file reader
 and lister confined to a workspace directory (``AGENT_WORKSPACE``, default:
-the worker's working directory; the worker sets it with ``set_workspace``)."""
+the worker's working directory; the worker sets it with ``set_workspace``).
+
+Each is bounded in time and memory whatever the model asks: the
+calculator refuses a result too large to print before computing it, and
+the file tools read what they show (no more) in a thread, so the worker's
+event loop, which also sends every activity's heartbeats, stays free.
+"""
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import heapq
+import math
 import operator
+import os
 from pathlib import Path
+from typing import IO, Any
 
 from pydantic import BaseModel, Field
 
@@ -23,7 +34,10 @@ _OPERATORS = {
     ast.USub: operator.neg,
     ast.UAdd: operator.pos,
 }
-MAX_EXPONENT = 10_000
+MAX_EXPRESSION_CHARS = 1000
+# Python prints integers of up to 4,300 digits; a result is refused above this.
+MAX_RESULT_DIGITS = 4000
+_MAX_BITS = math.ceil(MAX_RESULT_DIGITS * math.log2(10))
 
 
 class CalculatorArgs(BaseModel):
@@ -32,14 +46,25 @@ class CalculatorArgs(BaseModel):
 
 @tool(description="Evaluate an arithmetic expression (+ - * / // % ** and parentheses).", label="Calculator")
 async def calculator(args: CalculatorArgs) -> str:
+    expression = args.expression.strip()
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"The expression is longer than {MAX_EXPRESSION_CHARS} characters; split it up.")
     try:
-        tree = ast.parse(args.expression.strip(), mode="eval")
-    except SyntaxError:
+        tree = ast.parse(expression, mode="eval")
+        value = _evaluate(tree.body)
+    except SyntaxError as err:
+        if "integer string conversion" in str(err):
+            raise ValueError(
+                f"A number in the expression has more than {MAX_RESULT_DIGITS} digits."
+            ) from None
         raise ValueError(f"Not an arithmetic expression: {args.expression!r}") from None
-    value = _evaluate(tree.body)
+    except (RecursionError, MemoryError):
+        raise ValueError("The expression is nested too deeply; split it up.") from None
+    except OverflowError:
+        raise ValueError("The result is too large for a floating-point number.") from None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return f"{args.expression.strip()} = {value}"
+    return f"{expression} = {value}"
 
 
 def _evaluate(node: ast.expr) -> int | float:
@@ -48,18 +73,41 @@ def _evaluate(node: ast.expr) -> int | float:
         and isinstance(node.value, (int, float))
         and not isinstance(node.value, bool)
     ):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ValueError(f"Exponent {right} is too large (at most {MAX_EXPONENT}).")
+        _check_size(node.op, left, right)
         try:
-            return _OPERATORS[type(node.op)](left, right)  # type: ignore[operator]
+            return _bounded(_OPERATORS[type(node.op)](left, right))  # type: ignore[operator]
         except ZeroDivisionError:
             raise ValueError("Division by zero.") from None
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
         return _OPERATORS[type(node.op)](_evaluate(node.operand))  # type: ignore[operator]
     raise ValueError(f"Unsupported element in expression: {ast.unparse(node)!r}")
+
+
+def _check_size(op: ast.operator, left: Any, right: Any) -> None:
+    """Refuse, before computing it, an integer result of more than
+    ``MAX_RESULT_DIGITS`` digits: ``(10**1000)**10000`` would hold the
+    event loop for seconds. The bit length of a power or a product is
+    known from its operands' (at least ``(bits(a) - 1) * b`` for ``a ** b``,
+    ``bits(a) + bits(b) - 1`` for ``a * b``)."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return  # a float operand makes a float result: fixed size, OverflowError at worst
+    if isinstance(op, ast.Pow) and right > 0 and abs(left) > 1:
+        least_bits = (abs(left).bit_length() - 1) * right
+    elif isinstance(op, ast.Mult) and left and right:
+        least_bits = abs(left).bit_length() + abs(right).bit_length() - 1
+    else:
+        return
+    if least_bits > _MAX_BITS:
+        raise ValueError(f"The result would have more than {MAX_RESULT_DIGITS} digits.")
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > _MAX_BITS:
+        raise ValueError(f"The result would have more than {MAX_RESULT_DIGITS} digits.")
+    return value
 
 
 _workspace = Path.cwd().resolve()
@@ -85,6 +133,17 @@ def _inside_workspace(path: str) -> Path:
     return resolved
 
 
+# What one call of read_file returns at most, and the longest line it shows whole.
+MAX_READ_BYTES = 256 * 1024
+MAX_LINE_CHARS = 2000
+_MAX_LINE_BYTES = 4 * MAX_LINE_CHARS  # UTF-8: up to 4 bytes a character
+_SKIP_CHUNK = 64 * 1024
+# list_files shows at most this many entries (directories first, then by
+# name), looking at no more than MAX_SCAN_ENTRIES of a directory.
+MAX_LIST_ENTRIES = 1000
+MAX_SCAN_ENTRIES = 100_000
+
+
 class ReadFileArgs(BaseModel):
     path: str = Field(description="Path relative to the workspace root")
     offset: int = Field(default=1, ge=1, description="First line to read (1-based)")
@@ -94,15 +153,75 @@ class ReadFileArgs(BaseModel):
 @tool(description="Read a text file from the workspace, with line numbers.", label="Read file")
 async def read_file(args: ReadFileArgs) -> ToolResult:
     path = _inside_workspace(args.path)
+    return await asyncio.to_thread(_read_file, path, args)
+
+
+def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
+    """Lines ``offset`` to ``offset + limit - 1``, read as a stream: the
+    file is read up to the last line shown (and one more, to say whether
+    more follow), never whole; a line longer than ``MAX_LINE_CHARS`` is
+    cut, and the answer stops at ``MAX_READ_BYTES``."""
     if not path.is_file():
         raise FileNotFoundError(f"No file {args.path!r} in the workspace.")
-    lines = path.read_text(errors="replace").splitlines()
-    chosen = lines[args.offset - 1 : args.offset - 1 + args.limit]
-    body = "\n".join(f"{args.offset + i:>5}  {line}" for i, line in enumerate(chosen))
-    remaining = len(lines) - (args.offset - 1 + len(chosen))
-    if remaining > 0:
-        body += f"\n[{remaining} more lines: read again with offset={args.offset + len(chosen)}]"
-    return ToolResult(content=body or "(empty file)", details={"path": str(path), "lines": len(lines)})
+    lines: list[str] = []
+    size = 0
+    note = ""
+    with path.open("rb") as file:
+        for _ in range(args.offset - 1):
+            if _next_line(file) is None:
+                break
+        number = args.offset
+        while len(lines) < args.limit:
+            line = _next_line(file)
+            if line is None:
+                break
+            raw, cut = line
+            text = raw.decode("utf-8", errors="replace")
+            if cut or len(text) > MAX_LINE_CHARS:
+                text = text[:MAX_LINE_CHARS] + f" [line cut at {MAX_LINE_CHARS} characters]"
+            shown = f"{number:>5}  {text}"
+            size += len(shown.encode()) + 1
+            if size > MAX_READ_BYTES and lines:
+                note = f"[Stopped at {MAX_READ_BYTES // 1024} KiB: read again with offset={number}]"
+                break
+            lines.append(shown)
+            number += 1
+        if not note and len(lines) == args.limit and _next_line(file) is not None:
+            note = f"[More lines follow: read again with offset={number}]"
+    body = "\n".join(lines) or (
+        "(empty file)" if args.offset == 1 else f"(the file has fewer than {args.offset} lines)"
+    )
+    if note:
+        body += "\n" + note
+    details = {
+        "path": str(path),
+        "bytes": path.stat().st_size,
+        "firstLine": args.offset,
+        "linesShown": len(lines),
+    }
+    return ToolResult(content=body, details=details)
+
+
+def _next_line(file: IO[bytes]) -> tuple[bytes, bool] | None:
+    """The next line without its line break (at most ``_MAX_LINE_BYTES`` of
+    it) and whether it was cut; None at the end of the file. The rest of a
+    long line is skipped in chunks, never held."""
+    line = file.readline(_MAX_LINE_BYTES)
+    if not line:
+        return None
+    if line.endswith(b"\n"):
+        return line.rstrip(b"\r\n"), False
+    cut = False
+    while len(line) == _MAX_LINE_BYTES:  # the line goes on: skip the rest of it
+        rest = file.readline(_SKIP_CHUNK)
+        if not rest or rest == b"\n" or rest == b"\r\n":
+            break
+        cut = True
+        if rest.endswith(b"\n"):
+            break
+        if len(rest) < _SKIP_CHUNK:
+            break
+    return line.rstrip(b"\r"), cut
 
 
 class ListFilesArgs(BaseModel):
@@ -112,8 +231,36 @@ class ListFilesArgs(BaseModel):
 @tool(description="List the files and directories in a workspace directory.", label="List files")
 async def list_files(args: ListFilesArgs) -> str:
     path = _inside_workspace(args.path)
+    return await asyncio.to_thread(_list_files, path, args.path)
+
+
+def _list_files(path: Path, asked: str) -> str:
+    """Directories first, then files, by name; hidden entries left out; at
+    most ``MAX_LIST_ENTRIES`` shown, with a line saying how many were not."""
     if not path.is_dir():
-        raise NotADirectoryError(f"No directory {args.path!r} in the workspace.")
-    entries = sorted(path.iterdir(), key=lambda p: (not p.is_dir(), p.name))
-    shown = [f"{p.name}/" if p.is_dir() else p.name for p in entries if not p.name.startswith(".")]
-    return "\n".join(shown) or "(empty directory)"
+        raise NotADirectoryError(f"No directory {asked!r} in the workspace.")
+    entries: list[tuple[bool, str]] = []
+    looked_at_all = True
+    with os.scandir(path) as scan:
+        for count, entry in enumerate(scan):
+            if count >= MAX_SCAN_ENTRIES:
+                looked_at_all = False
+                break
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            entries.append((not is_dir, entry.name))
+    shown = heapq.nsmallest(MAX_LIST_ENTRIES, entries)
+    lines = [name if is_file else f"{name}/" for is_file, name in shown]
+    left_out = len(entries) - len(shown)
+    if not looked_at_all:
+        lines.append(
+            f"[The directory has more than {MAX_SCAN_ENTRIES:,} entries: these are the first "
+            f"{len(shown):,} of the first {MAX_SCAN_ENTRIES:,} looked at. List a subdirectory instead.]"
+        )
+    elif left_out:
+        lines.append(f"[{left_out:,} more entries not shown: list a subdirectory instead.]")
+    return "\n".join(lines) or "(empty directory)"

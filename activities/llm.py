@@ -8,7 +8,9 @@ stream, and returns the assembled message.
 Errors are classified here: 408/409/429/5xx, timeouts and broken streams are
 retried by Temporal (Retry-After honoured); other 4xx are not. The API key
 is the worker's (its settings), passed to the model server at call time; it
-never enters a workflow's history.
+never enters a workflow's history: error texts are scrubbed of credentials
+(``activities/redact.py``) and raised without the client's exception as
+their cause, whose text would otherwise be stored beside them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import email.utils
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +38,7 @@ from activities.openai_chat import (
     reasoning_effort,
     to_openai_messages,
 )
+from activities.redact import scrub
 from activities.tools import ToolSpec, registered_tools
 from workflows.contract import LlmRequest, LlmResult
 from workflows.models import (
@@ -59,7 +62,8 @@ class LlmActivities:
 
     ``transform_context`` prunes or injects messages for one call (never
     written back); ``convert_to_llm`` chooses what the model sees (default:
-    user, assistant and tool-result messages).
+    user, assistant and tool-result messages). ``secrets`` (besides the API
+    key) are scrubbed from error texts verbatim.
     """
 
     def __init__(
@@ -72,8 +76,10 @@ class LlmActivities:
         read_timeout: float = 60.0,
         context_store: ContextStore | None = None,
         tools: Mapping[str, ToolSpec] | None = None,
+        secrets: Sequence[str | None] = (),
     ) -> None:
         self._api_key = api_key
+        self._secrets = (api_key, *secrets)
         self._base_url = base_url
         self._transform_context = transform_context
         self._convert_to_llm = convert_to_llm or default_convert_to_llm
@@ -124,9 +130,10 @@ class LlmActivities:
                     raise  # worker shutdown or timeout: let Temporal retry elsewhere
                 message, argument_errors, closing = assembler.finish(aborted=True)
             except Exception as err:
-                failure = _classify(err)
+                # Not ``from err``: the cause's text (the server's raw body) would be stored too.
+                failure = _classify(err, self._secrets)
                 metrics.failed(failure.type or "Unknown")
-                raise failure from err
+                raise failure from None
             metrics.answered(message)
             for event in closing:
                 events.publish(MessageUpdateEvent(assistant_message_event=event))
@@ -173,7 +180,7 @@ class LlmActivities:
             # User code: a failure ends the run with an error message (SPEC §8),
             # never a retry loop.
             raise ApplicationError(
-                f"The context transform failed: {type(err).__name__}: {err}",
+                scrub(f"The context transform failed: {type(err).__name__}: {err}", self._secrets),
                 type="ContextHookFailed",
                 non_retryable=True,
             ) from None
@@ -249,13 +256,14 @@ class _ModelMetrics:
         )
 
 
-def _classify(err: Exception) -> ApplicationError:
-    """Retryable or not, with the server's Retry-After as the next delay."""
+def _classify(err: Exception, secrets: Sequence[str | None] = ()) -> ApplicationError:
+    """Retryable or not, with the server's Retry-After as the next delay, and
+    the text scrubbed of credentials (the server's body may echo the key)."""
     if isinstance(err, ApplicationError):
         return err
     if isinstance(err, openai.APIStatusError):
         status = err.status_code
-        text = f"The model server answered {status}: {_error_detail(err)}"
+        text = scrub(f"The model server answered {status}: {_error_detail(err)}", secrets)
         if status in RETRYABLE_STATUS or status >= 500:
             return ApplicationError(
                 text,
@@ -266,12 +274,20 @@ def _classify(err: Exception) -> ApplicationError:
     if isinstance(err, openai.APITimeoutError):
         return ApplicationError("The model server timed out.", type="ModelTimeout")
     if isinstance(err, openai.APIConnectionError):
-        return ApplicationError(f"Could not reach the model server: {err}", type="ModelUnreachable")
+        return ApplicationError(
+            scrub(f"Could not reach the model server: {_reason_of(err)}", secrets), type="ModelUnreachable"
+        )
     # Anything else broke the stream mid-way (a dropped connection, a chunk
     # that is not JSON): the next attempt starts over.
     return ApplicationError(
-        f"The model's stream broke: {type(err).__name__}: {err}", type="ModelStreamBroken"
+        scrub(f"The model's stream broke: {type(err).__name__}: {err}", secrets), type="ModelStreamBroken"
     )
+
+
+def _reason_of(err: openai.APIConnectionError) -> str:
+    """The connection error and what caused it ("Connection error." alone says little)."""
+    cause = err.__cause__
+    return f"{err} ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else str(err)
 
 
 def _error_detail(err: openai.APIStatusError) -> str:

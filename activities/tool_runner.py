@@ -17,7 +17,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from temporalio import activity
 
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
+from activities.redact import scrub
 from activities.tools import (
     ToolArgumentsError,
     ToolContext,
@@ -58,7 +59,9 @@ class ToolActivities:
 
     ``output_cap`` characters of a result's text go to the model; the full
     text is written under ``output_dir`` (mode 0600) and its path put in
-    ``details``.
+    ``details``. The text of an error result is scrubbed of credentials
+    (``secrets`` verbatim, and common shapes): an exception's message may
+    quote one, and it is stored in the history and shown to the model.
     """
 
     def __init__(
@@ -67,8 +70,10 @@ class ToolActivities:
         *,
         output_cap: int = DEFAULT_OUTPUT_CAP,
         output_dir: Path = Path(".agent-data/tool-output"),
+        secrets: Sequence[str | None] = (),
     ) -> None:
         self._tools = tools
+        self._secrets = tuple(secrets)
         self._output_cap = output_cap
         self._output_dir = output_dir.resolve()
 
@@ -127,7 +132,17 @@ class ToolActivities:
                 finally:
                     _current.reset(token)
         _record_tool_metrics(call.name, time.monotonic() - started, outcome.is_error)
+        if outcome.is_error:
+            outcome = self._scrubbed(outcome)
         return outcome.model_copy(update={"events": events.tail})
+
+    def _scrubbed(self, outcome: ToolOutcome) -> ToolOutcome:
+        """An error result with credentials taken out of its text."""
+        content = [
+            c.model_copy(update={"text": scrub(c.text, self._secrets)}) if isinstance(c, TextContent) else c
+            for c in outcome.content
+        ]
+        return outcome.model_copy(update={"content": content})
 
     def _bounded(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
         """The outcome, safe to send and to keep in the transcript."""

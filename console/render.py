@@ -6,11 +6,18 @@ streamed was seen from its start, and whether the run has answered yet.
 A user message's ``message_start`` says which queue injected it
 (``"queue": "steering"`` or ``"followUp"``); from a workflow that does not
 say, a user message after the run answered counts as steering.
+
+Everything an event carries was written by a model, a tool or another
+client, so before anything is printed, terminal control sequences are
+taken out of it (``terminal_safe``): a model must not be able to move the
+cursor, rewrite what was printed, set the window title, plant a hyperlink
+or answer-back, or reorder text with bidirectional overrides.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rich.console import Console
@@ -29,9 +36,39 @@ _ERROR = "red"
 _WARNING = "yellow"
 
 
+_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: cursor, colours, erase, ...
+    r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC, DCS, SOS, PM, APC ... BEL or ST
+    r"|\x1b[ -/]*[0-~]?"  # any other escape sequence
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # C0 controls but tab and newline, DEL, C1 controls (\x9b is CSI)
+    r"|[\u202a-\u202e\u2066-\u2069]"  # bidirectional embeddings, overrides and isolates
+)
+# What json_line writes as \u escapes: JSON allows raw C1 and bidi characters, terminals act on them.
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` without terminal control sequences and control characters
+    (newline and tab stay)."""
+    return _CONTROLS.sub("", text)
+
+
+def _safe(value: Any) -> Any:
+    """Every string in an event (keys too: tool arguments come from the model) made terminal-safe."""
+    if isinstance(value, str):
+        return terminal_safe(value)
+    if isinstance(value, dict):
+        return {_safe(key): _safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_safe(item) for item in value]
+    return value
+
+
 def json_line(event: dict[str, Any]) -> str:
-    """One event as one line of JSON (``--json`` output)."""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    """One event as one line of JSON (``--json`` output); characters a
+    terminal would act on are escaped (``\\u009b``), the data unchanged."""
+    line = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", line)
 
 
 class EventRenderer:
@@ -52,12 +89,12 @@ class EventRenderer:
         """Print one event; types this renderer does not know are ignored."""
         handler = getattr(self, f"_on_{event.get('type')}", None)
         if handler is not None:
-            handler(event)
+            handler(_safe(event))
 
     def render_transcript(self, messages: list[dict[str, Any]]) -> None:
         """Print stored messages, as the live events would have shown them."""
         previous: str | None = None
-        for message in messages:
+        for message in _safe(messages):
             role = message.get("role")
             if role == "user":
                 self._user(message, "steering" if previous == "toolResult" else None)

@@ -5,6 +5,7 @@ converter (pi's camelCase JSON, compression, external storage)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +49,41 @@ async def connect(
             interceptors=interceptors,
         )
     except RuntimeError as err:
-        raise ServerUnreachable(
-            f"Cannot reach the Temporal server at {settings.address} ({str(err).splitlines()[0]}). "
-            "Start one (`temporal server start-dev`) or set TEMPORAL_ADDRESS."
-        ) from None
+        raise ServerUnreachable(_unreachable(settings, str(err).splitlines()[0])) from None
+
+
+def _unreachable(settings: Settings, detail: str) -> str:
+    """What went wrong connecting, and what to set, in one sentence."""
+    where = f"the Temporal server at {settings.address}"
+    certificate = re.search(r"InvalidCertificate\((\w+)", detail)
+    if certificate:
+        problem = certificate.group(1)
+        if problem == "NotValidForName":
+            return (
+                f"TLS to {where} failed: its certificate is not valid for that host name ({problem}). "
+                "Set TEMPORAL_ADDRESS to a name the certificate lists."
+            )
+        trusted = f"TEMPORAL_TLS_CA={settings.tls_ca}" if settings.tls_ca else "the system's CA certificates"
+        return (
+            f"TLS to {where} failed: its certificate is not signed by {trusted} ({problem}). "
+            "Set TEMPORAL_TLS_CA to the CA certificate that signed the server's."
+        )
+    if "transport error" in detail or "close_notify" in detail:
+        short = "the server closed the connection"
+        if settings.tls_cert:
+            return (
+                f"TLS to {where} failed ({short}): check that TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY "
+                "are a client certificate the server trusts."
+            )
+        if tls_config(settings) is not False:
+            return (
+                f"TLS to {where} failed ({short}): if the server wants a client certificate "
+                "(mutual TLS), set TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY."
+            )
+        return (
+            f"Cannot talk to {where} ({short}): if it speaks TLS, set TEMPORAL_TLS_CA "
+            "(and TEMPORAL_TLS_CERT/KEY for mutual TLS), or TEMPORAL_API_KEY for Temporal Cloud."
+        )
+    return (
+        f"Cannot reach {where} ({detail}). Start one (`temporal server start-dev`) or set TEMPORAL_ADDRESS."
+    )

@@ -10,6 +10,11 @@ cannot decode a workflow's start input, but it lets an ``ApplicationError``
 from the converter through as is, which fails the workflow with that
 sentence: a defined end instead of a wedged conversation. A signal it
 cannot decode is dropped with a log line, an update is refused.
+
+The same holds for a payload the codec refused (a decompression bomb, a
+payload that does not decrypt): the codec hands on a ``binary/refused``
+payload carrying the reason, and this converter refuses it with that
+sentence.
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
-from temporalio.converter import CompositePayloadConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DefaultPayloadConverter,
+    EncodingPayloadConverter,
+    JSONPlainPayloadConverter,
+)
 from temporalio.exceptions import ApplicationError
 
 
@@ -44,6 +54,39 @@ class _DecodeSafeJSONConverter(PydanticJSONPlainPayloadConverter):
         return value if type_hint in (None, Any) else TypeAdapter(type_hint).validate_python(value)
 
 
+REFUSED = b"binary/refused"
+_REASON_CHARS = 500
+
+
+def refused_payload(reason: str) -> Payload:
+    """What a codec hands on instead of a payload it will not decode.
+
+    ``reason`` completes the sentence "A payload ..." ("decompresses to more
+    than ..."). Raising in a codec would fail the workflow task, and the
+    task would fail again on every retry (a wedged conversation); this
+    marker goes on to the payload converter instead, which refuses it with
+    the reason (``_RefusedPayloadConverter``): a signal carrying it is dropped,
+    an update refused, a start input fails the workflow with that sentence,
+    and the codec server answers 422 with it.
+    """
+    return Payload(metadata={"encoding": REFUSED}, data=reason.encode())
+
+
+class _RefusedPayloadConverter(EncodingPayloadConverter):
+    """Reads a payload the codec refused: it raises the codec's reason."""
+
+    @property
+    def encoding(self) -> str:
+        return REFUSED.decode()
+
+    def to_payload(self, value: Any) -> Payload | None:
+        return None  # never chosen to write a value
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        reason = payload.data.decode(errors="replace")[:_REASON_CHARS].rstrip(".")
+        raise ApplicationError(f"A payload {reason}.", type="PayloadRefused", non_retryable=True)
+
+
 class AgentPayloadConverter(CompositePayloadConverter):
     """``PydanticPayloadConverter`` with decode failures made explicit."""
 
@@ -53,5 +96,6 @@ class AgentPayloadConverter(CompositePayloadConverter):
             *(
                 json_converter if isinstance(c, JSONPlainPayloadConverter) else c
                 for c in DefaultPayloadConverter.default_encoding_payload_converters
-            )
+            ),
+            _RefusedPayloadConverter(),
         )

@@ -1,7 +1,8 @@
-"""How payloads are written: the pydantic JSON converter, compression, and
-external storage (large payloads go to a file store or S3 and the workflow
-history keeps a small reference, so a long conversation stays under
-Temporal's 2 MB payload and 50 MB history limits).
+"""How payloads are written: the pydantic JSON converter, compression,
+encryption (``runtime/encryption.py``, with keys set), and external
+storage (large payloads go to a file store or S3 and the workflow history
+keeps a small reference, so a long conversation stays under Temporal's
+2 MB payload and 50 MB history limits).
 
 ``data_converter(settings)`` is the one place this is put together: the
 worker, every client and the codec server use it. Every client and worker of
@@ -20,11 +21,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
     ExternalStorage,
     PayloadCodec,
     StorageDriver,
@@ -34,8 +38,9 @@ from temporalio.converter import (
 )
 
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
-from runtime.converter import AgentPayloadConverter
-from runtime.settings import Settings
+from runtime.converter import AgentPayloadConverter, refused_payload
+from runtime.encryption import CodecChain, EncryptionCodec, keyring
+from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
 DEFAULT_COMPRESS_BYTES = 2048
@@ -195,35 +200,69 @@ def external_storage(settings: Settings) -> ExternalStorage | None:
 
 def blob_store(settings: Settings) -> BlobStore | None:
     """The content-addressed store beside the external payloads (None when
-    ``AGENT_STORAGE=off``), for the context store."""
+    ``AGENT_STORAGE=off``), for the context store; its blobs are encrypted
+    when ``settings`` hold encryption keys (they pass through no codec)."""
     if settings.storage == "off":
         return None
     if settings.storage.startswith("s3://"):
         client, bucket = s3_client(settings.storage, settings)
-        return S3BlobStore(client, bucket)
-    return FileBlobStore(settings.storage_dir / "context")
+        return S3BlobStore(client, bucket, sealer=keyring(settings))
+    return FileBlobStore(settings.storage_dir / "context", keyring(settings))
 
 
 class CompressionCodec(PayloadCodec):
-    """zlib-compresses payloads of at least ``threshold`` bytes.
+    """zlib-compresses payloads of at least ``threshold`` bytes (None: none),
+    and decompresses any compressed payload up to ``max_decompressed`` bytes.
 
     The event stream's poll results and the final transcripts are large,
     repetitive JSON: compressed they take a fifth of the history. Smaller
     payloads (prompts, signals, tool calls, summaries) stay plain JSON so
-    the Temporal UI and CLI show them as they are.
+    the Temporal UI and CLI show them as they are. Anyone who can send a
+    signal can send a compressed payload, so reading one is bounded: 64 KiB
+    of zlib can expand to 64 MiB, and a payload that would expand beyond
+    ``max_decompressed`` is refused before it is held in memory.
     """
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int | None, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> None:
         self._threshold = threshold
+        self._max = max_decompressed
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return [self._compress(p) if p.ByteSize() >= self._threshold else p for p in payloads]
+        if self._threshold is None:
+            return list(payloads)
+        threshold = self._threshold
+        return [self._compress(p) if p.ByteSize() >= threshold else p for p in payloads]
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return [
-            Payload.FromString(zlib.decompress(p.data)) if p.metadata.get("encoding") == _ZLIB else p
-            for p in payloads
-        ]
+        return [await self._decode(p) for p in payloads]
+
+    async def _decode(self, payload: Payload) -> Payload:
+        if payload.metadata.get("encoding") != _ZLIB:
+            return payload
+        if len(payload.data) < _INFLATE_IN_THREAD_BYTES:
+            return self.decompress(payload.data)
+        # zlib lets go of the GIL while it inflates: the event loop (and the
+        # worker's heartbeats) keep running meanwhile.
+        return await asyncio.to_thread(self.decompress, payload.data)
+
+    def decompress(self, data: bytes) -> Payload:
+        """The payload ``data`` holds, or a refused payload saying why not."""
+        inflater = zlib.decompressobj()
+        try:
+            plain = inflater.decompress(data, self._max + 1)
+        except zlib.error:
+            return refused_payload(_NOT_ZLIB)
+        if len(plain) > self._max:
+            return refused_payload(
+                f"decompresses to more than {self._max:,} bytes (AGENT_MAX_DECOMPRESSED_BYTES), "
+                "so it was refused as a decompression bomb"
+            )
+        if not inflater.eof:
+            return refused_payload(_NOT_ZLIB)
+        try:
+            return Payload.FromString(plain)
+        except DecodeError:
+            return refused_payload(_NOT_ZLIB)
 
     def _compress(self, payload: Payload) -> Payload:
         data = zlib.compress(payload.SerializeToString(), 6)
@@ -233,17 +272,34 @@ class CompressionCodec(PayloadCodec):
 
 
 _ZLIB = b"binary/zlib"
+_NOT_ZLIB = "is marked binary/zlib but its data does not decompress"
+# Smaller compressed data inflates on the event loop: even as a bomb it
+# expands to at most about 4 MiB (zlib's ratio is at most ~1000:1), ~15 ms.
+_INFLATE_IN_THREAD_BYTES = 4 * 1024
 
 
 def data_converter(settings: Settings) -> DataConverter:
     """The data converter of the worker, its clients and the codec server:
-    pydantic JSON, compression and external storage as ``settings`` say.
-    Workers and clients must agree on all three."""
-    threshold = settings.compress_threshold
+    pydantic JSON, compression, encryption (with keys set) and external
+    storage as ``settings`` say. Workers and clients must agree on all four.
+
+    The codecs run compress-then-encrypt (and decrypt-then-decompress), and
+    the SDK stores a payload externally after the codecs ran, so stored
+    payloads are encrypted too. With keys set, failure messages and stack
+    traces also go through the codecs (encoded attributes), so the history
+    keeps no error text in the clear."""
+    keys = keyring(settings)
+    codecs = [
+        CompressionCodec(settings.compress_threshold, settings.max_decompressed_bytes),
+        EncryptionCodec(keys),
+    ]
     return dataclasses.replace(
         pydantic_data_converter,
         payload_converter_class=AgentPayloadConverter,
-        payload_codec=CompressionCodec(threshold) if threshold is not None else None,
+        payload_codec=CodecChain(codecs),
+        failure_converter_class=(
+            DefaultFailureConverterWithEncodedAttributes if keys is not None else DefaultFailureConverter
+        ),
         external_storage=external_storage(settings),
     )
 

@@ -7,7 +7,11 @@ as an argument (``Settings.from_env()`` is called by each entry point).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +20,12 @@ from typing import Any
 
 class SettingsError(ValueError):
     """A setting has a value that cannot be used (the message names it)."""
+
+
+# A compressed payload may expand to at most this many bytes when read: a
+# payload is at most 2 MB in the history, a stored one a few MB of JSON, so
+# anything far larger is a decompression bomb.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 
 def default_data_dir() -> Path:
@@ -52,6 +62,9 @@ class Settings:
     storage_dir: Path = field(default_factory=lambda: default_data_dir() / "payloads")
     storage_threshold: int = 256 * 1024
     compress_threshold: int | None = 2048
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    # AES-256-GCM keys as (key id, 32 bytes): the first encrypts, all decrypt.
+    encryption_keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
     # The worker
     sandbox_precompile: bool = True
     sdk_fallbacks: bool = False
@@ -60,9 +73,14 @@ class Settings:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     otel_endpoint: str | None = None
+    # The codec server (codec_server.py); no origins: its defaults
+    codec_token: str | None = field(default=None, repr=False)
+    codec_cors_origins: tuple[str, ...] = ()
     # S3 / MinIO (keys come from the AWS_* variables boto reads itself)
     aws_endpoint_url: str | None = None
     aws_region: str | None = None
+    # Only to scrub it from error texts; boto reads its own keys.
+    aws_secret_access_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -96,6 +114,10 @@ class Settings:
             storage_dir=_path(text("AGENT_STORAGE_DIR"), data_dir / "payloads"),
             storage_threshold=int(_number(env, "AGENT_STORAGE_THRESHOLD_BYTES", 256 * 1024, whole=True)),
             compress_threshold=_optional_bytes(env, "AGENT_COMPRESS_THRESHOLD_BYTES", 2048),
+            max_decompressed_bytes=int(
+                _number(env, "AGENT_MAX_DECOMPRESSED_BYTES", DEFAULT_MAX_DECOMPRESSED_BYTES, whole=True)
+            ),
+            encryption_keys=encryption_keys(env),
             sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
@@ -105,8 +127,11 @@ class Settings:
             else None,
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",
             otel_endpoint=text("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            codec_token=text("AGENT_CODEC_TOKEN"),
+            codec_cors_origins=tuple(o.rstrip("/") for o in _names(text("AGENT_CODEC_CORS_ORIGINS"))),
             aws_endpoint_url=text("AWS_ENDPOINT_URL"),
             aws_region=text("AWS_REGION"),
+            aws_secret_access_key=text("AWS_SECRET_ACCESS_KEY"),
         )
         settings.check()
         return replace(settings, **overrides) if overrides else settings
@@ -123,6 +148,11 @@ class Settings:
         ):
             if path is not None and not path.is_file():
                 raise SettingsError(f"{name}={path} is not a readable file.")
+        if self.max_decompressed_bytes < 1024 * 1024:
+            raise SettingsError(
+                f"AGENT_MAX_DECOMPRESSED_BYTES={self.max_decompressed_bytes} is below 1 MiB: "
+                "payloads of up to 2 MB must still read."
+            )
         if self.storage not in ("file", "off") and not self.storage.startswith("s3://"):
             raise SettingsError(
                 f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {self.storage!r}."
@@ -133,6 +163,11 @@ class Settings:
                 "tools could read other conversations. Point AGENT_STORAGE_DIR (or AGENT_DATA_DIR) "
                 "outside AGENT_WORKSPACE."
             )
+
+    def known_secrets(self) -> tuple[str, ...]:
+        """The secret values this process holds, to scrub from error texts verbatim."""
+        values = (self.openai_api_key, self.temporal_api_key, self.codec_token, self.aws_secret_access_key)
+        return tuple(v for v in values if v)
 
     def workflow_url(self, workflow_id: str) -> str:
         """The conversation's page in the Temporal UI."""
@@ -170,3 +205,85 @@ def _optional_bytes(env: Mapping[str, str], name: str, default: int) -> int | No
     if raw.lower() == "off":
         return None
     return int(_number(env, name, default, whole=True))
+
+
+# --- encryption keys ----------------------------------------------------------------
+
+_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+KEY_BYTES = 32  # AES-256
+
+
+def encryption_keys(env: Mapping[str, str]) -> tuple[tuple[str, bytes], ...]:
+    """The payload encryption keys, first one first, from one of:
+
+    - ``AGENT_ENCRYPTION_KEYS=id1:BASE64,id2:BASE64`` (rotation: the first
+      encrypts, every one decrypts);
+    - ``AGENT_ENCRYPTION_KEY_FILE=path``: the same, one ``id:BASE64`` per
+      line (``#`` starts a comment), for secrets mounted as files;
+    - ``AGENT_ENCRYPTION_KEY=BASE64``: one key, its id derived from it.
+
+    Each key is 32 random bytes in base64 (``openssl rand -base64 32``).
+    """
+    given = {name: env.get(name, "").strip() for name in _KEY_SETTINGS}
+    named = [name for name, value in given.items() if value]
+    if len(named) > 1:
+        raise SettingsError(f"Set one of {', '.join(_KEY_SETTINGS)}, not {' and '.join(named)}.")
+    if not named:
+        return ()
+    name, value = named[0], given[named[0]]
+    if name == "AGENT_ENCRYPTION_KEY":
+        key = _key_bytes(value, name)
+        return ((key_id_of(key), key),)
+    if name == "AGENT_ENCRYPTION_KEY_FILE":
+        path = Path(value).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise SettingsError(
+                f"AGENT_ENCRYPTION_KEY_FILE={path} cannot be read ({err.strerror})."
+            ) from None
+        entries = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    else:
+        entries = value.split(",")
+    keys: list[tuple[str, bytes]] = []
+    for number, entry in enumerate((e.strip() for e in entries), start=1):
+        if not entry:
+            continue
+        key_id, sep, encoded = entry.partition(":")
+        key_id = key_id.strip()
+        if not sep or not _KEY_ID.fullmatch(key_id):
+            raise SettingsError(
+                f"{name}: entry {number} is not ID:BASE64 (an ID of letters, digits, '.', '_' "
+                "or '-', a colon, the key), e.g. 2025-01:$(openssl rand -base64 32)."
+            )
+        if any(key_id == known for known, _ in keys):
+            raise SettingsError(f"{name}: key id {key_id!r} is given twice; each key needs its own id.")
+        keys.append((key_id, _key_bytes(encoded.strip(), f"{name} (key {key_id!r})")))
+    if not keys:
+        raise SettingsError(f"{name} is set but holds no key; give at least one ID:BASE64.")
+    return tuple(keys)
+
+
+_KEY_SETTINGS = ("AGENT_ENCRYPTION_KEYS", "AGENT_ENCRYPTION_KEY_FILE", "AGENT_ENCRYPTION_KEY")
+
+
+def key_id_of(key: bytes) -> str:
+    """The id of a key given without one: a fingerprint that does not reveal it."""
+    return "k" + hashlib.sha256(b"durable-agent key id\0" + key).hexdigest()[:16]
+
+
+def _key_bytes(encoded: str, name: str) -> bytes:
+    """32 bytes from standard or URL-safe base64 (padding optional), else a sentence."""
+    padded = encoded + "=" * (-len(encoded) % 4)
+    key = b""
+    for altchars in (None, b"-_"):
+        try:
+            key = base64.b64decode(padded, altchars=altchars, validate=True)
+            break
+        except (binascii.Error, ValueError):
+            continue
+    if len(key) != KEY_BYTES:
+        raise SettingsError(
+            f"{name} must be {KEY_BYTES} random bytes in base64 (make one with `openssl rand -base64 32`)."
+        )
+    return key

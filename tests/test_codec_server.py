@@ -36,7 +36,9 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import DataConverter, PayloadCodec
 
 import codec_server
-from codec_server import CodecSettings, build_app, payload_converter, settings_from
+from codec_server import CodecSettings, build_app, settings_from
+from runtime.payloads import data_converter
+from runtime.settings import Settings
 from testbed.local_stack import CodecServer, temporal_cli
 from tests.support.stack import Stack
 
@@ -93,7 +95,7 @@ def worker_converter(monkeypatch: pytest.MonkeyPatch, root: Path, storage: str =
     monkeypatch.setenv("AGENT_STORAGE_DIR", str(root))
     monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(STORE_BYTES))
     monkeypatch.setenv("AGENT_COMPRESS_THRESHOLD_BYTES", str(COMPRESS_BYTES))
-    return payload_converter()
+    return data_converter(Settings.from_env())
 
 
 @dataclass
@@ -205,7 +207,7 @@ def assert_one_sentence(status: int, text: str, expected_status: int, *words: st
         (
             as_json([payload(b"x", b"binary/encrypted")]),
             422,
-            ["Payload 0", "binary/encrypted", "cannot decode"],
+            ["Payload 0", "binary/encrypted", "no encryption key", "AGENT_ENCRYPTION_KEYS"],
         ),
         (as_json([payload(b'"ok"'), payload(b"not zlib", ZLIB)]), 422, ["Payload 1", "does not decompress"]),
     ],

@@ -60,6 +60,12 @@ async def explode(args: NoArgs) -> str:
     raise RuntimeError("the tool blew up")
 
 
+@tool(description="Fails quoting the worker's credentials, as a careless library might.")
+async def leaky(args: NoArgs) -> str:
+    key = os.environ.get("OPENAI_API_KEY", "")
+    raise RuntimeError(f"cannot connect to postgres://agent:{key}@db:5432 (api_key={key}, token {key})")
+
+
 @tool(description="Report the idempotency key of this call.")
 async def whoami(args: NoArgs) -> ToolResult:
     context = tool_context()

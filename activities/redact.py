@@ -1,0 +1,70 @@
+"""Credentials out of error texts before they are stored.
+
+An error text an activity produces ends up in the workflow's history, the
+transcript (``errorMessage``, a tool's error result), the Temporal UI and
+the model's next prompt. A model server's error body may echo the key it
+was sent ("Incorrect API key provided: sk-..."), a tool's exception may
+quote a connection string. ``scrub`` replaces what looks like a credential
+with ``[redacted]``: the worker's own secrets verbatim, then common shapes
+(``sk-`` keys, ``Bearer`` tokens, ``api_key=...``, AWS access key ids,
+JWTs, passwords in URLs, long hex or base64 runs).
+
+It is a heuristic: it may redact a long identifier that is no secret (a
+64-hex digest), and cannot know every secret's shape; it is a last line,
+not a reason to put secrets into errors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "[redacted]"
+# A known secret shorter than this ("x" for a local model server) would
+# redact ordinary words: only longer ones are replaced verbatim.
+MIN_KNOWN_SECRET_CHARS = 8
+
+_NAMED = re.compile(
+    r"""(?ix)
+    \b(
+        (?:api[_-]?key|apikey|x-api-key|access[_-]?token|auth[_-]?token|refresh[_-]?token|id[_-]?token
+          |token|secret|client[_-]?secret|secret[_-]?access[_-]?key|aws[_-]?secret[_-]?access[_-]?key
+          |password|passwd|pwd|authorization|credentials?)
+        ["']?\s*[:=]\s*["']?
+    )
+    (?:(?:bearer|basic|token)\s+)?
+    [^\s"'&,;}\]]+
+    """
+)
+_SCHEME = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}")
+_SHAPES = re.compile(
+    r"""(?x)
+      \bsk-[A-Za-z0-9_-]{6,}                                       # OpenAI, Anthropic, ...
+    | \b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b  # AWS access key ids
+    | \beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}  # JWTs
+    | \b(?:ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abprs])[-_][A-Za-z0-9_-]{10,}
+    | \b[0-9a-fA-F]{32,}\b                                         # long hex
+    """
+)
+_URL_PASSWORD = re.compile(r"(://[^/\s:@]+):[^/\s@]+@")
+_LONG_RUN = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{32,}={0,2}")
+
+
+def scrub(text: str, known_secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every credential-looking part replaced by ``[redacted]``."""
+    for secret in sorted((s for s in known_secrets if s), key=len, reverse=True):
+        if len(secret) >= MIN_KNOWN_SECRET_CHARS:
+            text = text.replace(secret, REDACTED)
+    text = _NAMED.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    text = _SHAPES.sub(REDACTED, text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+    return _LONG_RUN.sub(_random_looking, text)
+
+
+def _random_looking(match: re.Match[str]) -> str:
+    """A long base64-like run with digits, capitals and small letters mixed
+    (a key, not a word or a path) is redacted."""
+    run = match.group(0)
+    mixed = any(c.isdigit() for c in run) and any(c.isupper() for c in run) and any(c.islower() for c in run)
+    return REDACTED if mixed else run

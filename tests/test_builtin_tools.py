@@ -1,0 +1,230 @@
+"""The shipped tools (calculator, read_file, list_files) are bounded in time
+and memory whatever the model asks, and leave the worker's event loop free:
+the loop also sends every running activity's heartbeat (timeout 3 s), so a
+tool that holds it for seconds gets every call on the worker retried."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import tracemalloc
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities import builtin_tools
+from activities.builtin_tools import (
+    MAX_LINE_CHARS,
+    MAX_LIST_ENTRIES,
+    MAX_READ_BYTES,
+    CalculatorArgs,
+    ListFilesArgs,
+    ReadFileArgs,
+    calculator,
+    list_files,
+    read_file,
+)
+from activities.tools import ToolResult
+
+MiB = 1024 * 1024
+# A heartbeat-style ticker may fall this far behind at most.
+MAX_TICK_GAP = 0.1
+
+
+async def longest_tick_gap(work: Awaitable[Any]) -> tuple[Any, float]:
+    """Run ``work`` beside a ticker that wakes every 5 ms (as the heartbeat
+    loop does, more often); its result (or exception) and the longest gap
+    the ticker saw between two wake-ups."""
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.005)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.02)
+    try:
+        result: Any = await work
+    except Exception as err:
+        result = err
+    await asyncio.sleep(0.02)
+    stop.set()
+    await ticker
+    return result, max(gaps)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Iterator[Path]:
+    before = builtin_tools.workspace_root()
+    builtin_tools.set_workspace(tmp_path)
+    yield tmp_path
+    builtin_tools.set_workspace(before)
+
+
+def text_of(result: ToolResult) -> str:
+    assert isinstance(result.content, str)
+    return result.content
+
+
+# --- calculator -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "answer"),
+    [("6*7", "6*7 = 42"), ("2**10-1", "2**10-1 = 1023"), ("(2 + 3) * 4 / 8", "(2 + 3) * 4 / 8 = 2.5")],
+)
+async def test_calculator_answers(expression: str, answer: str) -> None:
+    assert await calculator(CalculatorArgs(expression=expression)) == answer
+
+
+async def test_calculator_computes_up_to_four_thousand_digits() -> None:
+    answer = await calculator(CalculatorArgs(expression="10**3999*10"))
+    assert answer == "10**3999*10 = 1" + "0" * 4000
+
+
+@pytest.mark.parametrize(
+    ("expression", "says"),
+    [
+        ("(10**1000)**10000", "more than 4000 digits"),
+        ("9**9**9**9", "more than 4000 digits"),
+        ("(10**3000)*(10**3000)*(10**3000)", "more than 4000 digits"),
+        ("2**13289", "more than 4000 digits"),
+        ("10**4000/3", "too large for a floating-point number"),
+        ("1" * 4500, "longer than 1000 characters"),
+        ("-" * 990 + "1", "nested too deeply"),
+        ("1/0", "Division by zero"),
+    ],
+)
+async def test_hostile_expression_is_refused_at_once_and_the_loop_keeps_ticking(
+    expression: str, says: str
+) -> None:
+    result, gap = await longest_tick_gap(calculator(CalculatorArgs(expression=expression)))
+
+    assert isinstance(result, ValueError) and says in str(result), result
+    assert gap < MAX_TICK_GAP
+
+
+# --- read_file ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def big_file(workspace: Path) -> Path:
+    """64 MiB of 1 KiB lines."""
+    path = workspace / "big.log"
+    line = b"x" * 1023 + b"\n"
+    with path.open("wb") as file:
+        for _ in range(64):
+            file.write(line * 1024)
+    return path
+
+
+async def test_read_file_reads_the_lines_asked_for_not_the_whole_file(big_file: Path) -> None:
+    tracemalloc.start()
+    try:
+        result = await read_file(ReadFileArgs(path="big.log", offset=2, limit=3))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    lines = text_of(result).splitlines()
+    assert [line[:8] for line in lines[:3]] == ["    2  x", "    3  x", "    4  x"]
+    assert lines[3] == "[More lines follow: read again with offset=5]"
+    assert peak < 2 * MiB
+
+
+async def test_read_file_far_into_a_big_file_leaves_the_loop_free(big_file: Path) -> None:
+    result, gap = await longest_tick_gap(read_file(ReadFileArgs(path="big.log", offset=60_000, limit=2)))
+
+    assert text_of(result).splitlines()[0].startswith("60000  x")
+    assert gap < MAX_TICK_GAP
+
+
+async def test_a_very_long_line_is_cut_and_never_held_whole(workspace: Path) -> None:
+    (workspace / "one-line.json").write_bytes(b"[" + b"1," * (10 * MiB) + b"1]\nsecond line\n")
+
+    tracemalloc.start()
+    try:
+        result = await read_file(ReadFileArgs(path="one-line.json"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    first, second = text_of(result).splitlines()
+    assert first.endswith(f"[line cut at {MAX_LINE_CHARS} characters]")
+    assert len(first) < MAX_LINE_CHARS + 100
+    assert second == "    2  second line"
+    assert peak < 2 * MiB
+
+
+async def test_read_file_stops_at_its_byte_cap_and_says_where_to_go_on(workspace: Path) -> None:
+    (workspace / "wide.txt").write_text(("y" * 1500 + "\n") * 1000)
+
+    text = text_of(await read_file(ReadFileArgs(path="wide.txt", limit=1000)))
+
+    assert len(text.encode()) <= MAX_READ_BYTES + 200
+    last = text.splitlines()[-1]
+    assert last.startswith(f"[Stopped at {MAX_READ_BYTES // 1024} KiB: read again with offset=")
+    next_offset = int(last.rsplit("=", 1)[1].rstrip("]"))
+    assert text.splitlines()[-2].startswith(f"{next_offset - 1:>5}  y")
+
+
+async def test_read_file_of_a_short_file_has_no_note(workspace: Path) -> None:
+    (workspace / "short.txt").write_text("one\ntwo\r\nthree")
+
+    assert text_of(await read_file(ReadFileArgs(path="short.txt"))) == "    1  one\n    2  two\n    3  three"
+    assert text_of(await read_file(ReadFileArgs(path="short.txt", offset=9))) == (
+        "(the file has fewer than 9 lines)"
+    )
+
+
+async def test_read_file_refuses_paths_outside_the_workspace(workspace: Path) -> None:
+    with pytest.raises(PermissionError, match="outside the workspace"):
+        await read_file(ReadFileArgs(path="../../etc/passwd"))
+
+
+# --- list_files -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of 40,000 files, two subdirectories and a hidden file."""
+    root = tmp_path_factory.mktemp("crowded")
+    for index in range(40_000):
+        (root / f"f{index:05d}.txt").touch()
+    (root / "zz-dir").mkdir()
+    (root / "aa-dir").mkdir()
+    (root / ".hidden").touch()
+    return root
+
+
+async def test_list_files_shows_directories_first_and_says_how_many_were_left_out(crowded: Path) -> None:
+    builtin_tools.set_workspace(crowded)
+    try:
+        listing = (await list_files(ListFilesArgs())).splitlines()
+    finally:
+        builtin_tools.set_workspace(Path.cwd())
+
+    assert listing[:3] == ["aa-dir/", "zz-dir/", "f00000.txt"]
+    assert len(listing) == MAX_LIST_ENTRIES + 1
+    assert (
+        listing[-1] == f"[{40_002 - MAX_LIST_ENTRIES:,} more entries not shown: list a subdirectory instead.]"
+    )
+    assert ".hidden" not in listing
+
+
+async def test_listing_a_crowded_directory_leaves_the_loop_free(crowded: Path) -> None:
+    builtin_tools.set_workspace(crowded)
+    try:
+        listing, gap = await longest_tick_gap(list_files(ListFilesArgs()))
+    finally:
+        builtin_tools.set_workspace(Path.cwd())
+
+    assert isinstance(listing, str) and listing.startswith("aa-dir/")
+    assert gap < MAX_TICK_GAP

@@ -1,0 +1,156 @@
+"""Compressed payloads are read with a bound (issue 12): anyone who may send
+a signal may send 64 KiB of zlib that expands to 64 MiB and more. Such a
+payload is refused with one sentence wherever it is read (the converter,
+the codec server, a running conversation), and nothing wedges."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+import uuid
+import zlib
+
+import pytest
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
+
+from codec_server import CodecSettings, build_app
+from runtime.payloads import data_converter
+from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
+from tests.support.stack import Stack
+from tests.test_codec_server import Endpoint, as_json, assert_one_sentence, serving
+from tests.test_robustness import still_answers
+
+MiB = 1024 * 1024
+
+
+def zlib_bomb(expands_to: int) -> Payload:
+    """A payload marked as this project's compression whose JSON string
+    inflates to ``expands_to`` bytes (built without holding them)."""
+    body = b"a" * MiB
+    inner_header = Payload(metadata={"encoding": b"json/plain"}, data=b"").SerializeToString()
+    # A serialized Payload is its metadata, then field 2 (data) as a length-prefixed string.
+    data_length = expands_to + 2
+    prefix = inner_header + b"\x12" + _varint(data_length) + b'"'
+    compressor = zlib.compressobj(9)
+    chunks = [compressor.compress(prefix)]
+    for _ in range(expands_to // MiB):
+        chunks.append(compressor.compress(body))
+    chunks.append(compressor.compress(b"a" * (expands_to % MiB) + b'"'))
+    chunks.append(compressor.flush())
+    return Payload(metadata={"encoding": b"binary/zlib"}, data=b"".join(chunks))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+BOMB = zlib_bomb(DEFAULT_MAX_DECOMPRESSED_BYTES + MiB)
+
+
+def test_the_bomb_is_small_and_would_expand_beyond_the_bound() -> None:
+    assert len(BOMB.data) <= 66 * 1024  # 64 KiB of zlib
+    inner = Payload.FromString(zlib.decompress(BOMB.data))  # what an unbounded reader would hold
+    assert inner.metadata["encoding"] == b"json/plain"
+    assert len(inner.data) > DEFAULT_MAX_DECOMPRESSED_BYTES
+
+
+async def test_a_bomb_is_refused_with_a_sentence_by_the_converter() -> None:
+    converter = data_converter(Settings(storage="off"))
+
+    with pytest.raises(ApplicationError) as refused:
+        await converter.decode([BOMB], [str])
+
+    assert refused.value.type == "PayloadRefused" and refused.value.non_retryable
+    assert "more than 67,108,864 bytes" in refused.value.message
+    assert "AGENT_MAX_DECOMPRESSED_BYTES" in refused.value.message
+
+
+async def test_a_bomb_is_refused_before_it_is_held_in_memory() -> None:
+    converter = data_converter(Settings(storage="off", max_decompressed_bytes=2 * MiB))
+    bomb = zlib_bomb(64 * MiB)
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ApplicationError, match="decompression bomb"):
+            await converter.decode([bomb], [str])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 8 * MiB
+
+
+async def test_a_large_payload_under_the_bound_still_reads() -> None:
+    converter = data_converter(Settings(storage="off"))
+    text = "the same words again " * 200_000  # 4 MiB, compressed to a few KiB
+
+    [encoded] = await converter.encode([text])
+
+    assert encoded.metadata["encoding"] == b"binary/zlib"
+    assert await converter.decode([encoded], [str]) == [text]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not zlib at all", zlib.compress(b"\x0a\x04json" * 50)[:-6], zlib.compress(b"\xff\xff\xff")],
+    ids=["garbage", "truncated", "not-a-payload"],
+)
+async def test_corrupt_compressed_data_is_refused_with_a_sentence(data: bytes) -> None:
+    converter = data_converter(Settings(storage="off"))
+
+    with pytest.raises(ApplicationError, match="marked binary/zlib but its data does not decompress"):
+        await converter.decode([Payload(metadata={"encoding": b"binary/zlib"}, data=data)], [str])
+
+
+async def test_the_codec_server_answers_a_bomb_with_a_4xx_sentence() -> None:
+    converter = data_converter(Settings(storage="off"))
+    async with serving(build_app(converter, CodecSettings())) as url:
+        status, text = await Endpoint(url).call(
+            "decode", as_json([Payload(metadata={"encoding": b"json/plain"}, data=b'"ok"'), BOMB])
+        )
+
+    assert_one_sentence(status, text, 422, "Payload 1", "decompression bomb", "AGENT_MAX_DECOMPRESSED_BYTES")
+
+
+# --- a running conversation ------------------------------------------------------------
+
+
+async def plain_client(stack: Stack) -> Client:
+    """A client that sends payloads as given: no codec of this project."""
+    return await Client.connect(stack.dev_server.address)
+
+
+async def test_a_bomb_signal_is_dropped_and_a_bomb_update_refused(stack: Stack) -> None:
+    handle = await stack.start()
+    raw = (await plain_client(stack)).get_workflow_handle(handle.id)
+
+    await raw.signal("steer", RawValue(BOMB))
+    await raw.signal("follow_up", RawValue(BOMB))
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await raw.execute_update("prompt", RawValue(BOMB))
+
+    assert "decompression bomb" in str(refused.value.cause)
+    current = await stack.state(handle)
+    assert (current.steering_queue, current.follow_up_queue, current.status) == (0, 0, "idle")
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+async def test_a_bomb_start_input_fails_the_conversation_with_a_sentence(stack: Stack) -> None:
+    client = await plain_client(stack)
+    handle = await client.start_workflow(
+        "AgentWorkflow", RawValue(BOMB), id=f"bomb-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue
+    )
+
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 30)
+
+    assert "decompression bomb" in str(failed.value.cause)

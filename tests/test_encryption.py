@@ -1,0 +1,342 @@
+"""Encryption at rest (issue 12): with AGENT_ENCRYPTION_KEYS set, the
+Temporal server's history, the payload store and the context store hold
+only ciphertext; the worker, its clients and the codec server (behind its
+token) read everything; and keys rotate (the first encrypts, all decrypt)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities.blobs import BlobMissing, FileBlobStore, digest_of
+from activities.context_store import ContextStore
+from runtime.connect import connect
+from runtime.encryption import ENCRYPTED, KEY_ID, Keyring
+from runtime.payloads import data_converter
+from runtime.settings import Settings, SettingsError
+from testbed.local_stack import CodecServer, DevServer, start_worker, stop_process
+from testbed.scripted_model import ScriptedModelServer
+from tests.support.stack import Stack
+from tests.test_codec_server import Endpoint, raw_payloads
+from workflows.models import UserMessage
+
+KEY_A = base64.b64encode(os.urandom(32)).decode()
+KEY_B = base64.b64encode(os.urandom(32)).decode()
+REFERENCE_TYPE = b"temporal.api.sdk.v1.ExternalStorageReference"
+SDK_RECORDS = {"EVENT_TYPE_MARKER_RECORDED", "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"}
+
+
+def settings_with(keys: str, **overrides: Any) -> Settings:
+    return Settings.from_env({"AGENT_ENCRYPTION_KEYS": keys, "AGENT_STORAGE": "off"}, **overrides)
+
+
+# --- the settings -----------------------------------------------------------------------------
+
+
+def test_keys_come_first_one_first_from_the_list_or_a_file(tmp_path: Path) -> None:
+    listed = Settings.from_env({"AGENT_ENCRYPTION_KEYS": f"2025-02:{KEY_B}, 2025-01:{KEY_A}"})
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"# newest first\n2025-02:{KEY_B}\n\n2025-01:{KEY_A}  # retire in March\n")
+    from_file = Settings.from_env({"AGENT_ENCRYPTION_KEY_FILE": str(key_file)})
+    single = Settings.from_env({"AGENT_ENCRYPTION_KEY": KEY_A})
+
+    expected = (("2025-02", base64.b64decode(KEY_B)), ("2025-01", base64.b64decode(KEY_A)))
+    assert listed.encryption_keys == from_file.encryption_keys == expected
+    [(key_id, key)] = single.encryption_keys
+    assert key == base64.b64decode(KEY_A) and KEY_A not in key_id
+    assert KEY_A not in repr(listed)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"AGENT_ENCRYPTION_KEY": "c2hvcnQ="}, "must be 32 random bytes in base64"),
+        ({"AGENT_ENCRYPTION_KEYS": f"a:{KEY_A[:-4]}"}, "must be 32 random bytes in base64"),
+        ({"AGENT_ENCRYPTION_KEYS": KEY_A}, "entry 1 is not ID:BASE64"),
+        ({"AGENT_ENCRYPTION_KEYS": f"a:{KEY_A},a:{KEY_B}"}, "key id 'a' is given twice"),
+        ({"AGENT_ENCRYPTION_KEYS": f"a:{KEY_A}", "AGENT_ENCRYPTION_KEY": KEY_B}, "Set one of"),
+        ({"AGENT_ENCRYPTION_KEY_FILE": "/nonexistent/keys"}, "cannot be read"),
+    ],
+)
+def test_a_bad_key_setting_is_refused_with_a_sentence_that_shows_no_key(
+    env: dict[str, str], says: str
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env(env)
+
+    assert says in str(refused.value)
+    assert KEY_A[:8] not in str(refused.value) and KEY_B[:8] not in str(refused.value)
+
+
+# --- the codec ----------------------------------------------------------------------------------
+
+
+async def test_payloads_are_compressed_then_encrypted_and_read_back() -> None:
+    converter = data_converter(settings_with(f"a:{KEY_A}"))
+    long_text = "marker-compressible " * 2000
+
+    small, large = await converter.encode(["marker-small", long_text])
+
+    for payload in (small, large):
+        assert payload.metadata["encoding"] == ENCRYPTED and payload.metadata[KEY_ID] == b"a"
+        assert b"marker" not in payload.data
+    assert len(large.data) < len(long_text) / 10  # compressed before encrypting: ciphertext does not compress
+    assert await converter.decode([small, large], [str, str]) == ["marker-small", long_text]
+
+
+async def test_data_written_under_key_a_reads_after_rotating_to_b_then_a() -> None:
+    before = data_converter(settings_with(f"a:{KEY_A}"))
+    after = data_converter(settings_with(f"b:{KEY_B},a:{KEY_A}"))
+    [old] = await before.encode(["written under a"])
+
+    [new] = await after.encode(["written under b"])
+
+    assert await after.decode([old, new], [str, str]) == ["written under a", "written under b"]
+    assert new.metadata[KEY_ID] == b"b"
+
+
+@pytest.mark.parametrize(
+    ("reader", "says"),
+    [
+        ("b:" + KEY_B, "encrypted with key 'a', which is not among this process's keys (b)"),
+        ("a:" + KEY_B, "does not decrypt with key 'a': it was altered"),
+        (None, "no encryption key is set here"),
+    ],
+)
+async def test_a_payload_that_does_not_decrypt_is_refused_with_a_sentence(
+    reader: str | None, says: str
+) -> None:
+    [encrypted] = await data_converter(settings_with(f"a:{KEY_A}")).encode(["secret"])
+    settings = settings_with(reader) if reader else Settings(storage="off")
+
+    with pytest.raises(ApplicationError) as refused:
+        await data_converter(settings).decode([encrypted], [str])
+
+    assert says in refused.value.message and refused.value.type == "PayloadRefused"
+
+
+async def test_an_altered_payload_is_refused() -> None:
+    converter = data_converter(settings_with(f"a:{KEY_A}"))
+    [encrypted] = await converter.encode(["pay 10 EUR"])
+    altered = Payload(metadata=encrypted.metadata, data=encrypted.data[:-1] + bytes([encrypted.data[-1] ^ 1]))
+
+    with pytest.raises(ApplicationError, match="it was altered"):
+        await converter.decode([altered], [str])
+
+
+# --- the context store's blobs ------------------------------------------------------------------
+
+
+def keyring(keys: str) -> Keyring:
+    settings = settings_with(keys)
+    return Keyring(settings.encryption_keys)
+
+
+async def test_context_blobs_are_encrypted_and_read_after_rotation(tmp_path: Path) -> None:
+    written = ContextStore(FileBlobStore(tmp_path, keyring(f"a:{KEY_A}")))
+    message = UserMessage(content="marker-context", timestamp=1)
+    manifest = await written.save([], [message])
+
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert b"marker-context" not in path.read_bytes()
+            assert digest_of(path.read_bytes()) != path.name  # stored as ciphertext, addressed by plaintext
+    rotated = ContextStore(FileBlobStore(tmp_path, keyring(f"b:{KEY_B},a:{KEY_A}")))
+    _, [read] = await rotated.load(manifest)
+    assert read == message
+
+
+async def test_a_context_blob_without_its_key_is_missing_but_kept(tmp_path: Path) -> None:
+    digest = digest_of(b'{"role": "user"}')
+    FileBlobStore(tmp_path, keyring(f"a:{KEY_A}")).write(digest, b'{"role": "user"}')
+
+    for reader in (FileBlobStore(tmp_path), FileBlobStore(tmp_path, keyring(f"b:{KEY_B}"))):
+        with pytest.raises(BlobMissing, match="encrypted"):
+            reader.read(digest)
+
+    assert FileBlobStore(tmp_path, keyring(f"a:{KEY_A}")).read(digest) == b'{"role": "user"}'
+
+
+def test_a_plaintext_blob_from_before_encryption_still_reads(tmp_path: Path) -> None:
+    data = b'{"role": "user", "content": "old"}'
+    FileBlobStore(tmp_path).write(digest_of(data), data)
+
+    assert FileBlobStore(tmp_path, keyring(f"a:{KEY_A}")).read(digest_of(data)) == data
+
+
+# --- a conversation on a worker with a key ------------------------------------------------------
+
+
+@dataclass
+class EncryptedWorker:
+    """A worker process with encryption keys, its own task queue and store."""
+
+    env: dict[str, str]
+    store: Path
+    log: Path
+    process: Any = None
+
+    def start(self, keys: str) -> EncryptedWorker:
+        self.env["AGENT_ENCRYPTION_KEYS"] = keys
+        self.process = start_worker(self.env, ["tests.support.tools"], self.log)
+        return self
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+    async def client(self, dev_server: DevServer, keys: str) -> Client:
+        overrides = settings_with(keys).encryption_keys
+        return await connect(
+            Settings.from_env(address=dev_server.address, storage_dir=self.store, encryption_keys=overrides)
+        )
+
+
+@pytest.fixture
+def encrypted_worker(
+    worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, artifacts: Path
+) -> Iterator[EncryptedWorker]:
+    store = tmp_path_factory.mktemp("encrypted-store")
+    queue = f"agent-encrypted-{uuid.uuid4().hex[:6]}"
+    env = {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_STORAGE_DIR": str(store)}
+    worker = EncryptedWorker(env, store, artifacts / "encrypted-worker.log")
+    yield worker
+    worker.stop()
+
+
+def stack_for(
+    client: Client, worker: EncryptedWorker, model_server: ScriptedModelServer, server: DevServer
+) -> Stack:
+    return Stack(
+        client, model_server, worker.env["TEMPORAL_TASK_QUEUE"], f"enc-{uuid.uuid4().hex[:8]}", server
+    )
+
+
+def raw_history_payloads(history: Any) -> list[Payload]:
+    return [p for event in history.events for p in raw_payloads(event)]
+
+
+def assert_no_plaintext(blob: bytes, marker: str) -> None:
+    assert marker.encode() not in blob
+    try:  # nor inside anything merely compressed
+        assert marker.encode() not in zlib.decompress(blob)
+    except zlib.error:
+        pass
+
+
+@pytest.fixture
+async def codec_with_key(encrypted_worker: EncryptedWorker, artifacts: Path) -> AsyncIterator[CodecServer]:
+    server = CodecServer(
+        env={
+            "AGENT_STORAGE_DIR": str(encrypted_worker.store),
+            "AGENT_ENCRYPTION_KEYS": f"a:{KEY_A}",
+            "AGENT_CODEC_TOKEN": "codec-token-for-tests",
+        },
+        log_path=artifacts / "encrypted-codec.log",
+    ).start()
+    yield server
+    server.stop()
+
+
+async def test_history_and_stores_hold_no_plaintext_and_the_codec_server_reads_it(
+    client: Client,
+    dev_server: DevServer,
+    model_server: ScriptedModelServer,
+    encrypted_worker: EncryptedWorker,
+    codec_with_key: CodecServer,
+) -> None:
+    encrypted_worker.start(f"a:{KEY_A}")
+    keyed = await encrypted_worker.client(dev_server, f"a:{KEY_A}")
+    stack = stack_for(keyed, encrypted_worker, model_server, dev_server)
+    marker = f"marker-{uuid.uuid4().hex[:8]}"
+    stack.script(
+        {"tool_calls": [{"id": "e1", "name": "echo", "arguments": {"text": marker}}]},
+        # A large tool result, stored outside the history.
+        {"tool_calls": [{"id": "b1", "name": "bulky", "arguments": {"tag": marker, "kib": 400}}]},
+        {"fault": {"kind": "400", "message": f"the model refused {marker}"}},
+    )
+    handle = await stack.start(prompt=f"Say {marker}", closeWhenIdle=True)
+
+    messages = (await handle.result()).messages
+
+    # The conversation worked, and this client (with the key) reads all of it.
+    assert messages[2].content[0].text == f"echo: {marker}"
+    assert messages[4].content[0].text == f"output-{marker}"
+    assert messages[-1].error_message == f"The model server answered 400: the model refused {marker}"
+    # The server's history: every payload encrypted (or a reference to an encrypted one), no marker anywhere.
+    history = await handle.fetch_history()
+    payloads = raw_history_payloads(history)
+    plain = [
+        (EventType.Name(e.event_type), p.data[:80])
+        for e in history.events
+        for p in raw_payloads(e)
+        if p.metadata.get("encoding") != ENCRYPTED and p.metadata.get("messageType") != REFERENCE_TYPE
+    ]
+    # Only the SDK's own records stay plain: patch markers and the search attribute
+    # listing the patches (names from the workflow's code, never conversation data).
+    assert plain and {kind for kind, _ in plain} <= SDK_RECORDS, plain
+    assert any(p.metadata.get("messageType") == REFERENCE_TYPE for p in payloads)
+    for event in history.events:
+        assert_no_plaintext(event.SerializeToString(), marker)
+    # The stores on disk: external payloads and context blobs, all ciphertext.
+    stored = [p for p in encrypted_worker.store.rglob("*") if p.is_file()]
+    assert any("context" in p.parts for p in stored) and any("default" in p.parts for p in stored)
+    for path in stored:
+        assert_no_plaintext(path.read_bytes(), marker)
+    # The codec server with the key decodes it for the UI and the CLI, behind its token.
+    endpoint = Endpoint(codec_with_key.url)
+    status, _ = await endpoint.call("decode", "{}")
+    assert status == 401
+    decoded = await endpoint.payloads(
+        "decode", payloads, {"Authorization": "Bearer codec-token-for-tests", "X-Namespace": "default"}
+    )
+    texts = [p.data.decode(errors="replace") for p in decoded]
+    assert any(f"echo: {marker}" in t for t in texts)
+    assert any(f"output-{marker}" in t for t in texts)  # the stored payload, fetched and decrypted
+
+
+async def test_a_conversation_goes_on_after_the_key_is_rotated(
+    client: Client,
+    dev_server: DevServer,
+    model_server: ScriptedModelServer,
+    encrypted_worker: EncryptedWorker,
+) -> None:
+    encrypted_worker.start(f"a:{KEY_A}")
+    stack = stack_for(
+        await encrypted_worker.client(dev_server, f"a:{KEY_A}"), encrypted_worker, model_server, dev_server
+    )
+    stack.script(
+        {"tool_calls": [{"id": "r1", "name": "echo", "arguments": {"text": "before"}}]}, {"text": "under a"}
+    )
+    handle = await stack.start(prompt="first")
+    await handle.execute_update("wait_for_idle")
+    encrypted_worker.stop()
+
+    # New worker and client: B encrypts, A still decrypts (history, stored context, stored payloads).
+    encrypted_worker.start(f"b:{KEY_B},a:{KEY_A}")
+    rotated = replace(stack, client=await encrypted_worker.client(dev_server, f"b:{KEY_B},a:{KEY_A}"))
+    rotated.script({"text": "under b"})
+    after = rotated.client.get_workflow_handle(handle.id)
+    idle = await after.execute_update("prompt", "second")
+    events = await rotated.events(handle.id, from_offset=idle["eventOffset"])
+    await after.signal("close")
+
+    assert events[-1]["messages"][-1]["content"][0]["text"] == "under b"
+    request = rotated.requests()[-1]
+    assert [m["role"] for m in request["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
+    history = await after.fetch_history()
+    key_ids = {p.metadata.get(KEY_ID) for p in raw_history_payloads(history)}
+    assert {b"a", b"b"} <= key_ids
+    # The context came from the store (blobs under a), not resent inline after a failed read.
+    assert not [e for e in history.events if e.HasField("activity_task_failed_event_attributes")]

@@ -1,0 +1,114 @@
+"""Secrets stay out of what is stored and shown (issue 12): a model server's
+error body that echoes the key, or a tool's exception quoting one, is
+scrubbed before it reaches the history, the transcript and the UI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.protobuf import text_format
+
+from activities.redact import REDACTED, scrub
+from tests.support.stack import Stack
+from tests.test_codec_server import raw_payloads
+
+WORKER_KEY = "test-key-never-in-history"  # the shared worker's OPENAI_API_KEY (tests/conftest.py)
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+# --- scrub ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("Incorrect API key provided: sk-proj-AbC123xyz789LMNopq.", "sk-proj-AbC123xyz789LMNopq"),
+        ("Authorization: Bearer abc.DEF-123_ghi", "abc.DEF-123_ghi"),
+        ("request had bearer tok3nVALUEhere", "tok3nVALUEhere"),
+        ('{"api_key": "hunter2hunter2"}', "hunter2hunter2"),
+        ("GET /v1?api-key=q8w7e6r5&x=1", "q8w7e6r5"),
+        ("password=correct-horse", "correct-horse"),
+        ("client_secret: 0123abcd", "0123abcd"),
+        ("key AKIAIOSFODNN7EXAMPLE was refused", "AKIAIOSFODNN7EXAMPLE"),
+        (f"aws said {AWS_SECRET} is wrong", AWS_SECRET),
+        ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlMTIz rejected", "eyJhbGciOiJIUzI1NiJ9"),
+        ("token ghp_aBcDeFgHiJkLmNoPqRsTuV rejected", "ghp_aBcDeFgHiJkLmNoPqRsTuV"),
+        ("postgres://agent:s3cr3t@db:5432/x", "s3cr3t"),
+        ("hex 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 leaked", "9f86d081884c7d"),
+    ],
+)
+def test_credential_shapes_are_redacted(text: str, secret: str) -> None:
+    scrubbed = scrub(text)
+
+    assert secret not in scrubbed
+    assert REDACTED in scrubbed
+
+
+def test_known_secrets_are_redacted_verbatim_whatever_their_shape() -> None:
+    assert scrub(f"the server said: bad key {WORKER_KEY}!", [WORKER_KEY]) == (
+        f"the server said: bad key {REDACTED}!"
+    )
+    # Too short to redact verbatim without mangling words (a local server's "x").
+    assert scrub("a box of x", ["x"]) == "a box of x"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The model server answered 429: Rate limit reached for requests. Try again in 20s.",
+        "This model's maximum context length is 128000 tokens; max_tokens: 4096.",
+        "No file '/home/user/projects/durable-agent/activities/builtin_tools.py' in the workspace.",
+        "6*7 = 42",
+        "Tool calculator not found",
+        "retry-after-milliseconds-is-not-a-header-we-expected-here",
+    ],
+)
+def test_ordinary_error_text_is_left_alone(text: str) -> None:
+    assert scrub(text) == text
+
+
+# --- through a conversation ---------------------------------------------------------------
+
+
+async def history_text(stack: Stack, workflow_id: str) -> str:
+    """Everything the server keeps of a conversation, as text: every event,
+    failures included, and every payload decoded by the project's codec."""
+    history = await stack.client.get_workflow_handle(workflow_id).fetch_history()
+    codec = stack.client.data_converter.payload_codec
+    assert codec is not None
+    decoded = await codec.decode([p for event in history.events for p in raw_payloads(event)])
+    return "\n".join(
+        [text_format.MessageToString(event) for event in history.events]
+        + [payload.data.decode(errors="replace") for payload in decoded]
+    )
+
+
+async def test_a_401_that_echoes_the_key_is_stored_without_it(stack: Stack) -> None:
+    echoed = f"Incorrect API key provided: {WORKER_KEY}. You sent Authorization: Bearer {WORKER_KEY}."
+    stack.script({"fault": {"kind": "401", "message": echoed}})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+
+    answer = (await handle.result()).messages[-1]
+
+    assert answer.stop_reason == "error"
+    assert answer.error_message is not None
+    assert answer.error_message.startswith("The model server answered 401: Incorrect API key provided: ")
+    assert WORKER_KEY not in answer.error_message and REDACTED in answer.error_message
+    stored = await history_text(stack, handle.id)
+    assert WORKER_KEY not in stored
+    assert "Incorrect API key provided" in stored  # the test reads what it thinks it reads
+
+
+async def test_a_tool_error_quoting_the_key_reaches_the_model_without_it(stack: Stack) -> None:
+    stack.script({"tool_calls": [{"id": "l1", "name": "leaky", "arguments": {}}]}, {"text": "noted"})
+    handle = await stack.start(prompt="connect", closeWhenIdle=True)
+
+    result = (await handle.result()).messages[2]
+
+    assert result.role == "toolResult" and result.is_error
+    text = result.content[0].text
+    assert text.startswith("cannot connect to postgres://agent:") and WORKER_KEY not in text
+    sent_to_model = json.dumps(stack.requests()[1]["messages"])
+    assert "cannot connect" in sent_to_model and WORKER_KEY not in sent_to_model
+    assert WORKER_KEY not in await history_text(stack, handle.id)
