@@ -4,6 +4,7 @@ process, started once per test session."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import uuid
@@ -23,8 +24,10 @@ from testbed.scripted_model import ScriptedModelServer
 from tests.support.stack import Stack
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-# Outside the tools' workspace (the project), as the worker insists.
-DATA = Path(tempfile.gettempdir()) / f"durable-agent-tests-{os.getuid()}"
+# Outside the tools' workspace (the project), as the worker insists; one per
+# checkout, so test runs of two clones never share (or delete) a store.
+_CHECKOUT = hashlib.sha256(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:8]
+DATA = Path(tempfile.gettempdir()) / f"durable-agent-tests-{os.getuid()}-{_CHECKOUT}"
 # The payload store of the worker, the codec server and the clients in this process.
 PAYLOADS = DATA / "payloads"
 
