@@ -314,11 +314,14 @@ class Conversation:
 
     # --- events -----------------------------------------------------------------------------
 
-    def events(
+    async def events(
         self, from_offset: int = 0, *, cooldown_ms: int = 100
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """``(offset, event)`` from ``from_offset`` on, reconnecting; see ``follow``."""
-        return follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms)
+        """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
+        conversation ends; see ``follow``."""
+        with self._refusals():
+            async for item in follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms):
+                yield item
 
     @contextmanager
     def _refusals(self) -> Iterator[None]:
