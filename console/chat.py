@@ -236,8 +236,8 @@ class ChatSession:
         prompt: AnyFormattedText = _PROMPT
         if self._approvals:
             oldest = next(iter(self._approvals.values()))
-            more = f" (+{len(self._approvals) - 1} more)" if len(self._approvals) > 1 else ""
-            question = f"approve {oldest.tool_name} ({oldest.tool_call_id}){more}? y/n › "
+            more = f", +{len(self._approvals) - 1} more" if len(self._approvals) > 1 else ""
+            question = f"approve {oldest.tool_name} ({oldest.tool_call_id}{more})? y/n › "
             prompt = FormattedText([("bold yellow", question)])
         tail = self._writer.tail if self._writer is not None else ""
         return merge_formatted_text([ANSI(tail), "\n", prompt]) if tail else prompt
