@@ -37,7 +37,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from client import Conversation, Refused
-from console import EventRenderer, chat, watch
+from console import EventRenderer, approval_hint, chat, watch
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings
 from workflows.contract import PromptResult
@@ -79,7 +79,7 @@ async def cmd_run(client: Client, settings: Settings, args: argparse.Namespace) 
         **start_options(args),
     )
     print(f"conversation {conversation.id}: {settings.workflow_url(conversation.id)}", file=sys.stderr)
-    code = await _stream_run(conversation.events())  # the start's prompt is the first run
+    code = await _stream_run(conversation, conversation.events())  # the start's prompt is the first run
     if code is None:
         await conversation.result()  # the workflow ended without a run: this raises why
         raise UserError("The conversation ended without an answer.")
@@ -101,18 +101,23 @@ async def _started(conversation: Conversation, started: PromptResult, wait: bool
     if not wait:
         print(f"run {started.run} started (events from offset {started.event_offset})")
         return 0
-    code = await _stream_run(conversation.run_events(started))
+    code = await _stream_run(conversation, conversation.run_events(started))
     if code is None:
         raise UserError(f"Conversation {conversation.id} ended before run {started.run} did.")
     return code
 
 
-async def _stream_run(events: AsyncIterator[tuple[int, dict[str, Any]]]) -> int | None:
+async def _stream_run(
+    conversation: Conversation, events: AsyncIterator[tuple[int, dict[str, Any]]]
+) -> int | None:
     """Render events up to the first ``agent_end``: 1 when that run ended in
     error, 0 otherwise, None when the conversation ended before a run did."""
-    renderer = EventRenderer(Console())
+    console = Console()
+    renderer = EventRenderer(console)
     async for _, event in events:
         renderer.render(event)
+        if event["type"] == "tool_approval_request":
+            console.print(approval_hint(conversation.id, event["toolCallId"]))
         if event["type"] == "agent_end":
             renderer.end_line()
             return 1 if _ended_in_error(event["messages"]) else 0

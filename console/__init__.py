@@ -2,6 +2,6 @@
 
 from console.chat import chat
 from console.render import EventRenderer, json_line
-from console.watch import watch
+from console.watch import approval_hint, watch
 
-__all__ = ["EventRenderer", "chat", "json_line", "watch"]
+__all__ = ["EventRenderer", "approval_hint", "chat", "json_line", "watch"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.text import Text
 
 from client import Conversation
 from console.render import EventRenderer, json_line
@@ -18,6 +19,16 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
             print(json_line({"offset": offset, **event}), flush=True)
         else:
             renderer.render(event)
+            if event.get("type") == "tool_approval_request":
+                console.print(approval_hint(conversation.id, event.get("toolCallId", "")))
     if not as_json:
         renderer.end_line()
         console.print("The conversation has ended.", style="dim")
+
+
+def approval_hint(conversation_id: str, call_id: str) -> Text:
+    """How to decide a waiting call from another terminal (printed by watch and run)."""
+    return Text(
+        f"  decide: python starter.py approve {conversation_id} {call_id} [--reject]",
+        style="dim",
+    )

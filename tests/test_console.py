@@ -699,7 +699,7 @@ async def test_starter_approve_and_reject_decide_waiting_calls(stack: Stack) -> 
     stack.script({"tool_calls": [guarded("call_a", "yes"), guarded("call_b", "no")]}, {"text": "done"})
     conversation = await stack.conversation()
     log = EventLog(stack.client, conversation.id)
-    await conversation.prompt("go", wait=False)
+    waiting = asyncio.create_task(starter(stack.dev_server, "prompt", conversation.id, "go", "--wait"))
     await log.wait_for_type("tool_approval_request", 2)
     log.close()
 
@@ -712,6 +712,10 @@ async def test_starter_approve_and_reject_decide_waiting_calls(stack: Stack) -> 
     assert approved == (0, "approved call_a\n")
     assert rejected == (0, "rejected call_b\n")
     assert again == (2, "", "error: No tool call 'call_b' is waiting for approval.\n")
+    code, streamed = await waiting
+    assert code == 0
+    assert f"decide: python starter.py approve {conversation.id} call_b" in streamed
+    assert "rejected: not today" in streamed and "done" in streamed
     results = tool_results((await conversation.wait_for_idle()).messages)
     assert results["call_a"] == (False, "approved: yes")
     assert results["call_b"][0] and "not today" in results["call_b"][1]
