@@ -296,7 +296,7 @@ class ChatSession:
             self._say("Nothing was queued.")
             return
         texts = [_message_text(message) for message in removed]
-        self._restore = "\n".join(texts)
+        self._restore = " ".join(texts)  # one line: the input line is single-line
         count = f"{len(removed)} queued message{'' if len(removed) == 1 else 's'}"
         self._say(f"took {count} back into the input line: edit, then Enter sends them as one message")
 

@@ -168,7 +168,7 @@ async def queue_during_a_tool(stack: Stack, chat: Conversation, *sends: tuple[st
 
 
 async def test_clear_queues_returns_the_removed_messages_oldest_first(stack: Stack) -> None:
-    stack.script(slow_tool(), {"text": "nothing was injected"})
+    stack.script(slow_tool(5), {"text": "nothing was injected"})
     chat = await stack.conversation()
     await queue_during_a_tool(
         stack, chat, ("steering", "steer one"), ("followUp", "follow one"), ("steering", "steer two")
@@ -183,13 +183,13 @@ async def test_clear_queues_returns_the_removed_messages_oldest_first(stack: Sta
     assert texts(idle.messages) == [
         "user: work",
         "assistant: [slow]",
-        "toolResult: slept 2.0s",
+        "toolResult: slept 5.0s",
         "assistant: nothing was injected",
     ]
 
 
 async def test_clear_queues_all_interleaves_both_queues_by_age(stack: Stack) -> None:
-    stack.script(slow_tool(), {"text": "done"})
+    stack.script(slow_tool(5), {"text": "done"})
     chat = await stack.conversation()
     await queue_during_a_tool(
         stack, chat, ("steering", "steer one"), ("followUp", "follow one"), ("steering", "steer two")

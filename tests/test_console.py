@@ -563,14 +563,14 @@ async def test_chat_settings_commands_apply_to_the_next_model_call(stack: Stack)
 
 async def test_chat_clear_takes_queued_messages_back_into_the_input_line(stack: Stack) -> None:
     stack.script(
-        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 4}}]},
+        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 6}}]},
         {"text": "got the edited steer"},
     )
     child, workflow_id = await start_chat(stack)
     conversation = Conversation.attach(stack.client, workflow_id)
 
     child.send("run the slow tool\r")
-    await expect(child, "⚙ slow(seconds=4)")
+    await expect(child, "⚙ slow(seconds=6)")
     child.send("steer one\r")
     await expect(child, "» steering: steer one")
     child.send("/followup later one\r")
@@ -585,17 +585,17 @@ async def test_chat_clear_takes_queued_messages_back_into_the_input_line(stack: 
 
     assert (cleared.steering_queue, cleared.follow_up_queue) == (0, 0)
     messages = await conversation.messages()
-    assert user_texts(messages) == ["run the slow tool", "steer one\nlater one (edited)"]
+    assert user_texts(messages) == ["run the slow tool", "steer one later one (edited)"]
 
 
 async def test_chat_reset_is_refused_during_a_run_and_clears_the_conversation_after(stack: Stack) -> None:
     stack.script(
-        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 2}}]}, {"text": "done"}
+        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 3}}]}, {"text": "done"}
     )
     child, workflow_id = await start_chat(stack)
 
     child.send("run the slow tool\r")
-    await expect(child, "⚙ slow(seconds=2)")
+    await expect(child, "⚙ slow(seconds=3)")
     child.send("/reset\r")
     await expect(child, "✗ A run is active: abort it (or wait for it to end) before reset.")
     await expect(child, "· 2 turns")
@@ -673,9 +673,7 @@ async def test_starter_configure_prints_the_settings_in_force(stack: Stack) -> N
 
 
 async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Stack) -> None:
-    stack.script(
-        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 3}}]}, {"text": "done"}
-    )
+    stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 30}}]})
     conversation = await stack.conversation()
     log = EventLog(stack.client, conversation.id)
     await conversation.prompt("work", wait=False)
@@ -688,11 +686,14 @@ async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Sta
 
     steering = await starter(stack.dev_server, "clear", conversation.id, "steering")
     rest = await starter(stack.dev_server, "clear", conversation.id)
+    state = await conversation.state()
+    await conversation.abort()
+    await conversation.wait_for_idle()
 
     assert steering[0] == rest[0] == 0
     assert [m["content"] for m in json.loads(steering[1])] == ["now"]
     assert [(m["role"], m["content"]) for m in json.loads(rest[1])] == [("user", "later")]
-    assert user_texts((await conversation.wait_for_idle()).messages) == ["work"]
+    assert (state.is_streaming, state.steering_queue, state.follow_up_queue) == (True, 0, 0)
 
 
 async def test_starter_approve_and_reject_decide_waiting_calls(stack: Stack) -> None:
@@ -743,9 +744,7 @@ async def test_starter_wait_reset_and_fork(stack: Stack) -> None:
 
 
 async def test_starter_errors_are_one_line_on_stderr_with_exit_2(stack: Stack) -> None:
-    stack.script(
-        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 2}}]}, {"text": "done"}
-    )
+    stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 60}}]})
     conversation = await stack.conversation()
     await conversation.prompt("work", wait=False)
     missing = f"missing-{uuid.uuid4().hex[:6]}"
@@ -769,7 +768,11 @@ async def test_starter_errors_are_one_line_on_stderr_with_exit_2(stack: Stack) -
         ("steer", missing, "hi"): f"error: No conversation has the id {missing}",
     }
     outcomes = {args: await starter_with_stderr(stack.dev_server, *args) for args in cases}
+    still_running = (await conversation.state()).is_streaming
+    await conversation.abort()
     await conversation.wait_for_idle()
+
+    assert still_running  # every refusal above met an active run
 
     for args, start in cases.items():
         code, stdout, stderr = outcomes[args]
