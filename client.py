@@ -29,18 +29,37 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.settings import Settings
 from workflows.contract import (
     AgentSettings,
     ApprovalRequest,
+    PendingApproval,
     PromptResult,
     SessionResult,
     SessionState,
     WaitForIdleResult,
 )
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
+
+# The client, and the contract's models its methods take and return.
+__all__ = [
+    "AgentMessage",
+    "AgentSettings",
+    "Conversation",
+    "ConversationExists",
+    "ConversationNotFound",
+    "PendingApproval",
+    "PromptResult",
+    "Refused",
+    "SessionResult",
+    "SessionState",
+    "WaitForIdleResult",
+    "follow",
+    "start_conversation",
+]
 
 WORKFLOW_TYPE = "AgentWorkflow"
 # How long the server waits for a worker that took a workflow task before
@@ -63,6 +82,10 @@ class Refused(Exception):
 
 class ConversationNotFound(Refused):
     """No conversation has this id, or it has ended."""
+
+
+class ConversationExists(Refused):
+    """A conversation with this id was started before (``Conversation.start``)."""
 
 
 async def start_conversation(
@@ -109,8 +132,8 @@ class Conversation:
         """Start a conversation on ``settings.task_queue``; ``options`` are
         start settings in snake_case (``model``, ``system_prompt``,
         ``thinking_level``, ``tools``, ``close_when_idle``, ...), as the start
-        input takes them. Raises ``WorkflowAlreadyStartedError`` when a
-        conversation has that id already."""
+        input takes them. Raises ``ConversationExists`` when a conversation
+        has that id already."""
         return await cls._start(client, settings.task_queue, id, prompt, messages, options)
 
     @classmethod
@@ -129,7 +152,13 @@ class Conversation:
             input["prompt"] = _wire(prompt)
         if messages:
             input["messages"] = MessageList.dump_python(messages, mode="json")
-        await start_conversation(client, conversation_id, input, task_queue=task_queue)
+        try:
+            await start_conversation(client, conversation_id, input, task_queue=task_queue)
+        except WorkflowAlreadyStartedError:
+            raise ConversationExists(
+                f"A conversation with the id {conversation_id} exists already: chat with it "
+                f"(python starter.py chat --id {conversation_id}) or choose another id."
+            ) from None
         return cls(client, conversation_id)
 
     @classmethod

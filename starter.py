@@ -33,15 +33,12 @@ from typing import Any
 
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from client import Conversation, Refused
+from client import AgentMessage, Conversation, PromptResult, Refused
 from console import EventRenderer, approval_hint, chat, watch
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings
-from workflows.contract import PromptResult
-from workflows.models import AgentMessage, MessageList
 
 THINKING_LEVELS = ["off", "minimal", "low", "medium", "high", "xhigh"]
 
@@ -224,7 +221,7 @@ async def cmd_configure(client: Client, settings: Settings, args: argparse.Names
 
 async def cmd_clear(client: Client, settings: Settings, args: argparse.Namespace) -> int:
     removed = await Conversation.attach(client, args.id).clear_queues(args.which)
-    print(json.dumps(MessageList.dump_python(removed, mode="json"), indent=2))
+    print(json.dumps([m.model_dump(mode="json") for m in removed], indent=2))
     return 0
 
 
@@ -243,7 +240,7 @@ async def cmd_state(client: Client, settings: Settings, args: argparse.Namespace
 
 async def cmd_messages(client: Client, settings: Settings, args: argparse.Namespace) -> int:
     messages: list[AgentMessage] = await Conversation.attach(client, args.id).messages()
-    print(json.dumps(MessageList.dump_python(messages, mode="json"), indent=2))
+    print(json.dumps([m.model_dump(mode="json") for m in messages], indent=2))
     return 0
 
 
@@ -360,11 +357,6 @@ async def run_command(args: argparse.Namespace) -> int:
         return await COMMANDS[args.command](client, settings, args)
     except Refused as err:
         raise UserError(str(err)) from None
-    except WorkflowAlreadyStartedError as err:
-        raise UserError(
-            f"A conversation with the id {err.workflow_id} exists already: "
-            f"chat with it (python starter.py chat --id {err.workflow_id}) or choose another id."
-        ) from None
     except WorkflowFailureError as err:
         cause = err.cause
         raise UserError(f"The conversation failed: {getattr(cause, 'message', None) or cause}") from None

@@ -27,15 +27,20 @@ from prompt_toolkit.patch_stdout import patch_stdout
 from rich.console import Console
 from rich.text import Text
 from temporalio.client import Client
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from client import Conversation, ConversationNotFound, Refused
+from client import (
+    AgentMessage,
+    Conversation,
+    ConversationExists,
+    ConversationNotFound,
+    PendingApproval,
+    Refused,
+    SessionState,
+)
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
 from runtime.settings import Settings
-from workflows.contract import PendingApproval, SessionState
-from workflows.models import AgentMessage, MessageList
 
 HELP = """\
 Type a message to start a run; while a run is active it steers it
@@ -88,7 +93,7 @@ async def _attach_or_start(
         pass
     try:
         await Conversation.start(client, settings, id=conversation_id, **options)
-    except WorkflowAlreadyStartedError:  # another chat started it meanwhile: join it
+    except ConversationExists:  # another chat started it meanwhile: join it
         return conversation, *await conversation.snapshot()
     return conversation, None, []
 
@@ -134,7 +139,7 @@ class ChatSession:
                 )
                 self._renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
                 self._say(f"conversation {conversation_id} · /help lists the commands")
-                self._renderer.render_transcript(MessageList.dump_python(transcript, mode="json"))
+                self._renderer.render_transcript([m.model_dump(mode="json") for m in transcript])
                 for approval in state.pending_approvals if state else []:
                     self._observe({"type": "tool_approval_request", **approval.model_dump(mode="json")})
                 ended = await self._run_tasks(state.event_offset if state else 0)
