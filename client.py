@@ -24,10 +24,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -51,6 +53,7 @@ __all__ = [
     "Conversation",
     "ConversationExists",
     "ConversationNotFound",
+    "ConversationSummary",
     "PendingApproval",
     "PromptResult",
     "Refused",
@@ -58,6 +61,7 @@ __all__ = [
     "SessionState",
     "WaitForIdleResult",
     "follow",
+    "list_conversations",
     "start_conversation",
 ]
 
@@ -371,6 +375,63 @@ class Conversation:
             raise ConversationNotFound(
                 f"No conversation has the id {self.id}: check it, or start one (python starter.py start)."
             ) from err
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """One conversation as the server's visibility store lists it (its
+    search attributes; None where the server does not keep them)."""
+
+    id: str
+    started: datetime
+    status: str | None
+    model: str | None
+    turns: int | None
+    total_tokens: int | None
+    cost: float | None
+
+
+_STATUS = SearchAttributeKey.for_keyword("AgentStatus")
+_MODEL = SearchAttributeKey.for_keyword("AgentModel")
+_TURNS = SearchAttributeKey.for_int("AgentTurns")
+_TOKENS = SearchAttributeKey.for_int("AgentTotalTokens")
+_COST = SearchAttributeKey.for_float("AgentCost")
+
+
+async def list_conversations(
+    client: Client, *, status: str | None = None, model: str | None = None, limit: int = 50
+) -> AsyncIterator[ConversationSummary]:
+    """Conversations, newest first, with ``status`` (``idle``, ``running``,
+    ``awaiting-approval``, ``closed``) and ``model`` when given. The list
+    is the server's visibility store: it may lag a second behind."""
+    clauses = [f"WorkflowType = {_quoted(WORKFLOW_TYPE)}"]
+    if status is not None:
+        clauses.append(f"AgentStatus = {_quoted(status)}")
+    if model is not None:
+        clauses.append(f"AgentModel = {_quoted(model)}")
+    try:
+        async for execution in client.list_workflows(" AND ".join(clauses), limit=limit):
+            found: TypedSearchAttributes = execution.typed_search_attributes
+            yield ConversationSummary(
+                id=execution.id,
+                started=execution.start_time,
+                status=found.get(_STATUS),
+                model=found.get(_MODEL),
+                turns=found.get(_TURNS),
+                total_tokens=found.get(_TOKENS),
+                cost=found.get(_COST),
+            )
+    except RPCError as err:
+        if err.status != RPCStatusCode.INVALID_ARGUMENT or (status is None and model is None):
+            raise
+        raise Refused(
+            "This server does not keep the Agent* search attributes, so it cannot filter by status "
+            "or model: register them (the worker prints the command at start-up) or list without filters."
+        ) from err
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _check_fork_point(messages: list[AgentMessage], at: int) -> None:

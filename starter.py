@@ -13,6 +13,7 @@
     python starter.py clear ID [steering|followUp|all]   print the removed messages (JSON)
     python starter.py reset ID | wait ID | fork ID --at N [--id NEW]
     python starter.py state ID | messages ID
+    python starter.py list [--status S] [--model M]   the conversations, newest first
 
 Connects to TEMPORAL_ADDRESS (default localhost:7233), TEMPORAL_NAMESPACE and
 TEMPORAL_TASK_QUEUE (default ``agent``), like the worker. A request the
@@ -35,7 +36,7 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-from client import AgentMessage, Conversation, PromptResult, Refused
+from client import AgentMessage, Conversation, PromptResult, Refused, list_conversations
 from console import EventRenderer, approval_hint, chat, watch
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings
@@ -244,6 +245,27 @@ async def cmd_messages(client: Client, settings: Settings, args: argparse.Namesp
     return 0
 
 
+async def cmd_list(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    rows = [
+        (
+            found.id,
+            found.status or "?",
+            found.model or "?",
+            f"{found.turns or 0} turns",
+            f"{found.total_tokens or 0:,} tokens",
+            f"${found.cost or 0:.4f}",
+            found.started.astimezone().strftime("%Y-%m-%d %H:%M"),
+        )
+        async for found in list_conversations(client, status=args.status, model=args.model, limit=args.limit)
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("No conversations found.", file=sys.stderr)
+    return 0
+
+
 # --- the command line --------------------------------------------------------------------------
 
 
@@ -323,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("id")
     fork.add_argument("--at", type=int, required=True, metavar="N", help="messages to keep")
     fork.add_argument("--id", dest="new_id", metavar="NEW", help="the new conversation's id")
+    listing = commands.add_parser("list", help="the conversations, newest first (status, model, usage)")
+    listing.add_argument("--status", choices=["idle", "running", "awaiting-approval", "closed"])
+    listing.add_argument("--model")
+    listing.add_argument("--limit", type=int, default=50)
     approve = commands.add_parser("approve", help="decide a tool call that waits for approval")
     approve.add_argument("id")
     approve.add_argument("call_id")
@@ -344,6 +370,7 @@ COMMANDS = {
     "reset": cmd_reset,
     "fork": cmd_fork,
     "approve": cmd_approve,
+    "list": cmd_list,
     "state": cmd_state,
     "messages": cmd_messages,
     **{name: cmd_signal for name in SIGNALS},

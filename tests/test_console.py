@@ -778,3 +778,33 @@ async def test_starter_errors_are_one_line_on_stderr_with_exit_2(stack: Stack) -
         code, stdout, stderr = outcomes[args]
         assert (code, stdout) == (2, ""), args
         assert stderr.startswith(start) and stderr.count("\n") == 1, (args, stderr)
+
+
+async def test_starter_list_shows_conversations_by_status_and_model(stack: Stack) -> None:
+    idle = await stack.conversation()
+    stack.script({"tool_calls": [guarded("call_g", "wait for me")]}, {"text": "done"})
+    waiting = await stack.conversation()
+    log = EventLog(stack.client, waiting.id)
+    await waiting.prompt("ask", wait=False)
+    await log.wait_for_type("tool_approval_request")
+    log.close()
+
+    async def listed(*filters: str) -> dict[str, str]:
+        """id -> its line, once both conversations are listed as expected (visibility lags)."""
+        lines: dict[str, str] = {}
+        for _ in range(30):
+            code, stdout = await starter(stack.dev_server, "list", "--model", stack.model, *filters)
+            assert code == 0
+            lines = {line.split()[0]: line for line in stdout.splitlines()}
+            if waiting.id in lines and "awaiting-approval" in lines[waiting.id]:
+                break
+            await asyncio.sleep(0.3)
+        return lines
+
+    everything = await listed()
+    only_waiting = await listed("--status", "awaiting-approval")
+    await waiting.abort()
+
+    assert set(everything) == {idle.id, waiting.id}
+    assert everything[idle.id].split()[1:3] == ["idle", stack.model]
+    assert set(only_waiting) == {waiting.id}
