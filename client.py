@@ -12,7 +12,9 @@
 
 Every method maps onto the workflow's public contract (SPEC §7-9); the
 starter, the console, the demo and the benchmark reach conversations only
-through this module.
+through this module. A request the conversation refuses raises ``Refused``
+(its message is one sentence that says what to do); a conversation that
+does not exist, or has ended, raises ``ConversationNotFound``.
 """
 
 from __future__ import annotations
@@ -20,24 +22,48 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from datetime import timedelta
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.settings import Settings
 from workflows.contract import (
     AgentSettings,
     ApprovalRequest,
+    PendingApproval,
     PromptResult,
     SessionResult,
     SessionState,
     WaitForIdleResult,
 )
-from workflows.models import EVENTS_TOPIC, AgentMessage, MessageList
+from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
+
+# The client, and the contract's models its methods take and return.
+__all__ = [
+    "AgentMessage",
+    "AgentSettings",
+    "Conversation",
+    "ConversationExists",
+    "ConversationNotFound",
+    "ConversationSummary",
+    "PendingApproval",
+    "PromptResult",
+    "Refused",
+    "SessionResult",
+    "SessionState",
+    "WaitForIdleResult",
+    "follow",
+    "list_conversations",
+    "start_conversation",
+]
 
 WORKFLOW_TYPE = "AgentWorkflow"
 # How long the server waits for a worker that took a workflow task before
@@ -49,13 +75,30 @@ WORKFLOW_TYPE = "AgentWorkflow"
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=4)
 
 Message = str | dict[str, Any] | AgentMessage
+QueueName = str
+"""``"steering"``, ``"followUp"`` or ``"all"`` (``clear_queues``)."""
+
+
+class Refused(Exception):
+    """The conversation (or this client, before asking it) refused a
+    request; the message is one sentence that says what to do."""
+
+
+class ConversationNotFound(Refused):
+    """No conversation has this id, or it has ended."""
+
+
+class ConversationExists(Refused):
+    """A conversation with this id was started before (``Conversation.start``)."""
 
 
 async def start_conversation(
     client: Client, workflow_id: str, input: dict[str, Any], *, task_queue: str, **options: Any
 ) -> WorkflowHandle[Any, SessionResult]:
     """Start an ``AgentWorkflow`` conversation (camelCase ``input``) with the
-    project's workflow task timeout; ``options`` go to ``start_workflow``."""
+    project's workflow task timeout; ``options`` go to ``start_workflow``.
+    ``Conversation.start`` is the typed way; this is for callers that hold
+    a raw start input (tests replaying recorded inputs)."""
     return await client.start_workflow(
         WORKFLOW_TYPE,
         input,
@@ -90,16 +133,36 @@ class Conversation:
         messages: list[AgentMessage] | None = None,
         **options: Any,
     ) -> Conversation:
-        """Start a conversation; ``options`` are start settings in snake_case
-        (``model``, ``system_prompt``, ``thinking_level``, ``tools``,
-        ``close_when_idle``, ...), as the start input takes them."""
+        """Start a conversation on ``settings.task_queue``; ``options`` are
+        start settings in snake_case (``model``, ``system_prompt``,
+        ``thinking_level``, ``tools``, ``close_when_idle``, ...), as the start
+        input takes them. Raises ``ConversationExists`` when a conversation
+        has that id already."""
+        return await cls._start(client, settings.task_queue, id, prompt, messages, options)
+
+    @classmethod
+    async def _start(
+        cls,
+        client: Client,
+        task_queue: str,
+        id: str | None,
+        prompt: Message | list[Message] | None,
+        messages: list[AgentMessage] | None,
+        options: dict[str, Any],
+    ) -> Conversation:
         conversation_id = id or f"chat-{uuid.uuid4().hex[:8]}"
         input: dict[str, Any] = {_camel(k): v for k, v in options.items() if v is not None}
         if prompt is not None:
             input["prompt"] = _wire(prompt)
         if messages:
             input["messages"] = MessageList.dump_python(messages, mode="json")
-        await start_conversation(client, conversation_id, input, task_queue=settings.task_queue)
+        try:
+            await start_conversation(client, conversation_id, input, task_queue=task_queue)
+        except WorkflowAlreadyStartedError:
+            raise ConversationExists(
+                f"A conversation with the id {conversation_id} exists already: chat with it "
+                f"(python starter.py chat --id {conversation_id}) or choose another id."
+            ) from None
         return cls(client, conversation_id)
 
     @classmethod
@@ -119,106 +182,283 @@ class Conversation:
     # --- runs ---------------------------------------------------------------------------
 
     async def prompt(self, message: Message | list[Message], *, wait: bool = True) -> list[AgentMessage]:
-        """Start a run (refused while one is active). With ``wait`` (pi's
-        ``prompt()``), return the run's new messages when it ends; without,
-        return at once (an empty list)."""
-        started = await self.handle.execute_update("prompt", _wire(message), result_type=PromptResult)
+        """pi's ``prompt()``: start a run with a message, a text, or a list
+        of them (all added before the first model call); refused while a run
+        is active. With ``wait``, return the run's new messages when it ends;
+        without, return at once (an empty list; ``send_prompt`` says where
+        the run's events start)."""
+        started = await self.send_prompt(message)
         return await self._run_messages(started) if wait else []
 
     async def continue_(self, *, wait: bool = True) -> list[AgentMessage]:
         """pi's ``continue()``: run from the transcript and the queues."""
-        started = await self.handle.execute_update("continue", result_type=PromptResult)
+        started = await self.send_continue()
         return await self._run_messages(started) if wait else []
 
+    async def send_prompt(self, message: Message | list[Message]) -> PromptResult:
+        """Start a run and return once it is accepted: its number and the
+        event offset its events start at (``run_events``)."""
+        with self._refusals():
+            return await self.handle.execute_update("prompt", _wire(message), result_type=PromptResult)
+
+    async def send_continue(self) -> PromptResult:
+        """``continue_`` without waiting: the run's number and event offset."""
+        with self._refusals():
+            return await self.handle.execute_update("continue", result_type=PromptResult)
+
+    async def run_events(self, started: PromptResult) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """``(offset, event)`` of the run ``started`` names, up to and
+        including its ``agent_end`` (fewer when the conversation ends first).
+        Runs never overlap, so the first ``agent_end`` from its offset is its own."""
+        async for offset, event in self.events(started.event_offset):
+            yield offset, event
+            if event.get("type") == "agent_end":
+                return
+
     async def _run_messages(self, started: PromptResult) -> list[AgentMessage]:
-        async for _, event in self.events(started.event_offset):
+        async for _, event in self.run_events(started):
             if event.get("type") == "agent_end":
                 return MessageList.validate_python(event["messages"])
         return []
 
     async def steer(self, message: Message) -> None:
-        """Inject a message after the current tool batch, before the next model call."""
-        await self.handle.signal("steer", _wire(message))
+        """Inject a message after the current tool batch, before the next model
+        call (starts a run when the conversation is idle)."""
+        with self._refusals():
+            await self.handle.signal("steer", _wire(message))
 
     async def follow_up(self, message: Message) -> None:
-        """Queue a message for when the agent would otherwise stop."""
-        await self.handle.signal("follow_up", _wire(message))
+        """Queue a message for when the agent would otherwise stop (starts a
+        run when the conversation is idle)."""
+        with self._refusals():
+            await self.handle.signal("follow_up", _wire(message))
 
     async def abort(self) -> None:
-        await self.handle.signal("abort")
+        """Abort the active run (the model call, running tools, approval waits)."""
+        with self._refusals():
+            await self.handle.signal("abort")
 
     async def stop_after_turn(self) -> None:
-        await self.handle.signal("stop_after_turn")
+        """End the active run at the next turn boundary."""
+        with self._refusals():
+            await self.handle.signal("stop_after_turn")
 
     async def close(self) -> None:
         """End the conversation (an active run is aborted first)."""
-        await self.handle.signal("close")
+        with self._refusals():
+            await self.handle.signal("close")
 
     async def wait_for_idle(self) -> WaitForIdleResult:
         """pi's ``waitForIdle()``: returns when no run is active (asked again
         when the conversation continued as new meanwhile)."""
-        while True:
-            try:
-                return await self.handle.execute_update("wait_for_idle", result_type=WaitForIdleResult)
-            except WorkflowUpdateFailedError as err:
-                if getattr(err.cause, "type", None) != "ContinuedAsNew":
-                    raise
+        with self._refusals():
+            while True:
+                try:
+                    return await self.handle.execute_update("wait_for_idle", result_type=WaitForIdleResult)
+                except WorkflowUpdateFailedError as err:
+                    if getattr(err.cause, "type", None) != "ContinuedAsNew":
+                        raise
+
+    # --- approvals ----------------------------------------------------------------------
 
     async def approve(self, tool_call_id: str, approved: bool = True, reason: str | None = None) -> None:
-        """Decide a tool call that waits for approval."""
+        """Decide a tool call that waits for approval (``state().pending_approvals``,
+        or a ``tool_approval_request`` event); refused for an id that is not waiting."""
         request = ApprovalRequest(tool_call_id=tool_call_id, approved=approved, reason=reason)
-        await self.handle.execute_update("approve_tool", request.model_dump())
+        with self._refusals():
+            await self.handle.execute_update("approve_tool", request.model_dump())
+
+    async def reject(self, tool_call_id: str, reason: str | None = None) -> None:
+        """Refuse a tool call that waits for approval; the model sees ``reason``."""
+        await self.approve(tool_call_id, approved=False, reason=reason)
 
     # --- settings and state -----------------------------------------------------------------
 
     async def configure(self, **settings: Any) -> AgentSettings:
-        """Change settings (snake_case: ``model``, ``system_prompt``,
-        ``thinking_level``, ``tools``, ``steering_mode``, ...); returns those in force."""
+        """pi's setters in one call (snake_case: ``model``, ``system_prompt``,
+        ``thinking_level``, ``tools``, ``tool_execution``, ``steering_mode``,
+        ``follow_up_mode``, ``max_turns``, ...), applied from the next model
+        call; returns the settings now in force."""
         patch = {_camel(k): v for k, v in settings.items()}
-        return await self.handle.execute_update("configure", patch, result_type=AgentSettings)
+        with self._refusals():
+            return await self.handle.execute_update("configure", patch, result_type=AgentSettings)
 
-    async def clear_queues(self, which: str = "all") -> list[AgentMessage]:
-        """Remove queued messages (``steering``, ``followUp`` or ``all``); returns them, oldest first."""
-        return await self.handle.execute_update("clear_queues", which, result_type=list[AgentMessage])
+    async def clear_queues(self, which: QueueName = "all") -> list[AgentMessage]:
+        """pi's ``clearSteeringQueue`` / ``clearFollowUpQueue`` / ``clearAllQueues``
+        (``"steering"``, ``"followUp"``, ``"all"``); returns the removed
+        messages, oldest first, to hand back to an editor."""
+        with self._refusals():
+            return await self.handle.execute_update("clear_queues", which, result_type=list[AgentMessage])
 
     async def reset(self) -> SessionState:
-        return await self.handle.execute_update("reset", result_type=SessionState)
+        """pi's ``reset()``: transcript, queues, usage, error and counters
+        cleared; refused while a run is active."""
+        with self._refusals():
+            return await self.handle.execute_update("reset", result_type=SessionState)
 
     async def state(self) -> SessionState:
-        return await self.handle.query("state", result_type=SessionState)
+        """Status, settings in force, queues, pending approvals, counters, usage."""
+        with self._refusals():
+            return await self.handle.query("state", result_type=SessionState)
 
     async def messages(self) -> list[AgentMessage]:
-        return await self.handle.query("messages", result_type=list[AgentMessage])
+        """The transcript."""
+        with self._refusals():
+            return await self.handle.query("messages", result_type=list[AgentMessage])
+
+    async def snapshot(self) -> tuple[SessionState, list[AgentMessage]]:
+        """The state and the transcript it describes: ``state.event_offset``
+        is where the events that follow this transcript start. (Messages are
+        only ever appended, so the first ``state.message_count`` messages of a
+        later ``messages`` query are the ones the state counted.)"""
+        state = await self.state()
+        messages = await self.messages()
+        return state, messages[: state.message_count]
 
     async def result(self) -> SessionResult:
         """The transcript, once the conversation is closed."""
         return await self.handle.result()
 
-    async def fork(
-        self, at: int, settings: Settings, *, id: str | None = None, **options: Any
-    ) -> Conversation:
-        """A new conversation from the first ``at`` messages of this one, with
-        its settings (``options`` override them): try another answer from
-        any point. The new conversation starts idle; prompt or continue it."""
-        messages = (await self.messages())[:at]
-        state = await self.state()
+    async def history(self) -> WorkflowHistory:
+        """The workflow's Temporal history (what the server stores for it)."""
+        with self._refusals():
+            return await self.handle.fetch_history()
+
+    async def fork(self, at: int, *, id: str | None = None, **options: Any) -> Conversation:
+        """A new conversation from the first ``at`` messages of this one, on
+        the same task queue and with its settings (``options`` override them,
+        snake_case): try another answer from any point. The new conversation
+        starts idle; prompt or continue it. Refused when ``at`` is out of
+        range or would cut between tool calls and their results."""
+        state, messages = await self.snapshot()
+        _check_fork_point(messages, at)
         current = state.model_dump(include=set(AgentSettings.model_fields), by_alias=False)
         current.pop("tools", None)  # the new conversation declares its worker's tools
-        return await Conversation.start(
+        with self._refusals():
+            task_queue = (await self.handle.describe()).task_queue
+        return await Conversation._start(
             self.client,
-            settings,
-            id=id or f"{self.id}-fork-{uuid.uuid4().hex[:4]}",
-            messages=messages,
-            **{**current, **options},
+            task_queue,
+            id or f"{self.id}-fork-{uuid.uuid4().hex[:4]}",
+            None,
+            messages[:at],
+            {**current, **options},
         )
 
     # --- events -----------------------------------------------------------------------------
 
-    def events(
+    async def events(
         self, from_offset: int = 0, *, cooldown_ms: int = 100
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """``(offset, event)`` from ``from_offset`` on, reconnecting; see ``follow``."""
-        return follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms)
+        """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
+        conversation ends; see ``follow``."""
+        with self._refusals():
+            async for item in follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms):
+                yield item
+
+    @contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """Turn the server's refusals into ``Refused`` with the sentence to show."""
+        try:
+            yield
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            raise Refused(getattr(cause, "message", None) or str(cause)) from err
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            if "completed" in err.message:
+                raise ConversationNotFound(
+                    f"Conversation {self.id} has ended: start a new one, or fork this one "
+                    f"(python starter.py fork {self.id} --at N)."
+                ) from err
+            raise ConversationNotFound(
+                f"No conversation has the id {self.id}: check it, or start one (python starter.py start)."
+            ) from err
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """One conversation as the server's visibility store lists it (its
+    search attributes; None where the server does not keep them)."""
+
+    id: str
+    started: datetime
+    status: str | None
+    model: str | None
+    turns: int | None
+    total_tokens: int | None
+    cost: float | None
+
+
+_STATUS = SearchAttributeKey.for_keyword("AgentStatus")
+_MODEL = SearchAttributeKey.for_keyword("AgentModel")
+_TURNS = SearchAttributeKey.for_int("AgentTurns")
+_TOKENS = SearchAttributeKey.for_int("AgentTotalTokens")
+_COST = SearchAttributeKey.for_float("AgentCost")
+
+
+async def list_conversations(
+    client: Client, *, status: str | None = None, model: str | None = None, limit: int = 50
+) -> AsyncIterator[ConversationSummary]:
+    """Conversations, newest first, with ``status`` (``idle``, ``running``,
+    ``awaiting-approval``, ``closed``) and ``model`` when given. The list
+    is the server's visibility store: it may lag a second behind."""
+    clauses = [f"WorkflowType = {_quoted(WORKFLOW_TYPE)}"]
+    if status is not None:
+        clauses.append(f"AgentStatus = {_quoted(status)}")
+    if model is not None:
+        clauses.append(f"AgentModel = {_quoted(model)}")
+    try:
+        async for execution in client.list_workflows(" AND ".join(clauses), limit=limit):
+            found: TypedSearchAttributes = execution.typed_search_attributes
+            yield ConversationSummary(
+                id=execution.id,
+                started=execution.start_time,
+                status=found.get(_STATUS),
+                model=found.get(_MODEL),
+                turns=found.get(_TURNS),
+                total_tokens=found.get(_TOKENS),
+                cost=found.get(_COST),
+            )
+    except RPCError as err:
+        if err.status != RPCStatusCode.INVALID_ARGUMENT or (status is None and model is None):
+            raise
+        raise Refused(
+            "This server does not keep the Agent* search attributes, so it cannot filter by status "
+            "or model: register them (the worker prints the command at start-up) or list without filters."
+        ) from err
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _check_fork_point(messages: list[AgentMessage], at: int) -> None:
+    """Refuse a fork point outside the transcript, or one that would leave
+    a tool call without its result (the model would refuse the transcript)."""
+    if not 0 <= at <= len(messages):
+        raise Refused(f"The transcript has {len(messages)} messages: fork at 0 to {len(messages)}.")
+    for index, message in enumerate(messages[:at]):
+        if not isinstance(message, AssistantMessage) or not message.tool_calls:
+            continue
+        waiting = {call.id for call in message.tool_calls}
+        answered_at = index + 1
+        while waiting and answered_at < len(messages):
+            result = messages[answered_at]
+            if isinstance(result, ToolResultMessage):
+                waiting.discard(result.tool_call_id)
+            answered_at += 1
+        if waiting:
+            raise Refused(
+                f"Message {index + 1} calls tools that have not answered yet: fork at {index}, "
+                "or wait for the run to end (wait_for_idle)."
+            )
+        if answered_at > at:
+            raise Refused(
+                f"Message {index + 1} calls tools whose results are messages {index + 2} to "
+                f"{answered_at}: fork at {index} or at {answered_at}."
+            )
 
 
 def _camel(name: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from client import follow, start_conversation
+from client import Conversation
 from console.render import EventRenderer
 from runtime.connect import connect
 from runtime.settings import Settings
@@ -100,25 +100,26 @@ async def run_demo(console: Console) -> int:
         console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
     try:
         workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
-        config = Settings.from_env(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
-        client = await connect(config)
-        workflow_id = f"demo-{uuid.uuid4().hex[:6]}"
-        handle = await start_conversation(
-            client,
-            workflow_id,
-            {"prompt": PROMPT, "model": model, "closeWhenIdle": True},
-            task_queue=config.task_queue,
+        settings = Settings.from_env(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
+        conversation = await Conversation.start(
+            await connect(settings),
+            settings,
+            id=f"demo-{uuid.uuid4().hex[:6]}",
+            prompt=PROMPT,
+            model=model,
+            close_when_idle=True,
         )
+        workflow_id = conversation.id
         renderer = EventRenderer(console)
         steered = killed = False
         assistant_starts = 0
-        async for _offset, event in follow(client, workflow_id):
+        async for _offset, event in conversation.events():
             renderer.render(event)
             kind = event["type"]
             if kind == "message_update" and not steered:
                 steered = True
-                await handle.signal("steer", STEER)
-                await handle.signal("follow_up", FOLLOW_UP)
+                await conversation.steer(STEER)
+                await conversation.follow_up(FOLLOW_UP)
                 renderer.end_line()
                 console.print(f"[magenta]» steering sent mid-run:[/] {STEER}")
                 console.print(f"[magenta]» follow-up queued:[/] {FOLLOW_UP}")
@@ -138,7 +139,7 @@ async def run_demo(console: Console) -> int:
                 break
         renderer.end_line()
         console.print()
-        console.print(f"[bold]See every step in the Temporal UI:[/] {config.workflow_url(workflow_id)}")
+        console.print(f"[bold]See every step in the Temporal UI:[/] {settings.workflow_url(workflow_id)}")
         if server.codec is not None:
             console.print(
                 f"[dim]or from the CLI: temporal workflow query --address {server.address} "

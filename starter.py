@@ -4,14 +4,20 @@
     python starter.py chat [--id ID]           chat in the terminal (re-attach to ID, or start it)
     python starter.py watch ID [--json] [--from OFFSET]   print the events as they happen
     python starter.py start [--id ID] [--prompt TEXT]
-    python starter.py prompt ID TEXT           start a run (refused while one is active)
+    python starter.py prompt ID TEXT [--wait]  start a run (refused while one is active)
     python starter.py steer ID TEXT            inject before the next model call
     python starter.py follow-up ID TEXT        handle when the agent would stop
-    python starter.py abort ID | stop ID | continue ID | close ID
+    python starter.py abort ID | stop ID | continue ID [--wait] | close ID
+    python starter.py approve ID CALL_ID [--reject] [--reason TEXT]
+    python starter.py configure ID [--model M] [--system S] [--thinking L] [--tools a,b] ...
+    python starter.py clear ID [steering|followUp|all]   print the removed messages (JSON)
+    python starter.py reset ID | wait ID | fork ID --at N [--id NEW]
     python starter.py state ID | messages ID
+    python starter.py list [--status S] [--model M]   the conversations, newest first
 
 Connects to TEMPORAL_ADDRESS (default localhost:7233), TEMPORAL_NAMESPACE and
-TEMPORAL_TASK_QUEUE (default ``agent``), like the worker.
+TEMPORAL_TASK_QUEUE (default ``agent``), like the worker. A request the
+conversation refuses prints one line on stderr and exits with 2.
 """
 
 from __future__ import annotations
@@ -23,51 +29,98 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rich.console import Console
-from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-from client import start_conversation
-from console import EventRenderer, chat, follow, watch
+from client import AgentMessage, Conversation, PromptResult, Refused, list_conversations
+from console import EventRenderer, approval_hint, chat, watch
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings
-from workflows.contract import PromptResult, SessionState
-from workflows.models import AgentMessage, MessageList
+
+THINKING_LEVELS = ["off", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class UserError(Exception):
     """A problem the user can fix; printed as one line."""
 
 
-def session_input(args: argparse.Namespace) -> dict[str, Any]:
-    """The start input from the command-line options (camelCase JSON)."""
+def start_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The start settings from the command-line options (snake_case)."""
     fields = {
-        "prompt": getattr(args, "prompt", None),
         "model": args.model,
-        "systemPrompt": args.system,
-        "thinkingLevel": args.thinking,
-        "tools": args.tools.split(",") if args.tools is not None else None,
-        "maxTurns": args.max_turns,
+        "system_prompt": args.system,
+        "thinking_level": args.thinking,
+        "tools": _names(args.tools),
+        "max_turns": args.max_turns,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
 
-async def cmd_run(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    workflow_id = args.id or f"run-{uuid.uuid4().hex[:8]}"
-    handle = await start_conversation(
-        client, workflow_id, {**session_input(args), "closeWhenIdle": True}, task_queue=config.task_queue
+def _names(raw: str | None) -> list[str] | None:
+    return None if raw is None else [name.strip() for name in raw.split(",") if name.strip()]
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+async def cmd_run(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    conversation = await Conversation.start(
+        client,
+        settings,
+        id=args.id or f"run-{uuid.uuid4().hex[:8]}",
+        prompt=args.prompt,
+        close_when_idle=True,
+        **start_options(args),
     )
-    print(f"conversation {workflow_id}: {config.workflow_url(workflow_id)}", file=sys.stderr)
-    renderer = EventRenderer(Console())
-    async for _, event in follow(client, workflow_id):
+    print(f"conversation {conversation.id}: {settings.workflow_url(conversation.id)}", file=sys.stderr)
+    code = await _stream_run(conversation, conversation.events())  # the start's prompt is the first run
+    if code is None:
+        await conversation.result()  # the workflow ended without a run: this raises why
+        raise UserError("The conversation ended without an answer.")
+    return code
+
+
+async def cmd_prompt(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    conversation = Conversation.attach(client, args.id)
+    return await _started(conversation, await conversation.send_prompt(args.text), args.wait)
+
+
+async def cmd_continue(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    conversation = Conversation.attach(client, args.id)
+    return await _started(conversation, await conversation.send_continue(), args.wait)
+
+
+async def _started(conversation: Conversation, started: PromptResult, wait: bool) -> int:
+    """Say which run started; with ``wait``, stream it to its end."""
+    if not wait:
+        print(f"run {started.run} started (events from offset {started.event_offset})")
+        return 0
+    code = await _stream_run(conversation, conversation.run_events(started))
+    if code is None:
+        raise UserError(f"Conversation {conversation.id} ended before run {started.run} did.")
+    return code
+
+
+async def _stream_run(
+    conversation: Conversation, events: AsyncIterator[tuple[int, dict[str, Any]]]
+) -> int | None:
+    """Render events up to the first ``agent_end``: 1 when that run ended in
+    error, 0 otherwise, None when the conversation ended before a run did."""
+    console = Console()
+    renderer = EventRenderer(console)
+    async for _, event in events:
         renderer.render(event)
+        if event["type"] == "tool_approval_request":
+            console.print(approval_hint(conversation.id, event["toolCallId"]))
         if event["type"] == "agent_end":
             renderer.end_line()
             return 1 if _ended_in_error(event["messages"]) else 0
-    await handle.result()  # the workflow ended without a run: this raises why
-    raise UserError("The conversation ended without an answer.")
+    renderer.end_line()
+    return None
 
 
 def _ended_in_error(messages: list[dict[str, Any]]) -> bool:
@@ -75,70 +128,145 @@ def _ended_in_error(messages: list[dict[str, Any]]) -> bool:
     return last is not None and last.get("stopReason") == "error"
 
 
-async def cmd_chat(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    await chat(client, config, args.id, session_input(args))
+async def cmd_wait(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    idle = await Conversation.attach(client, args.id).wait_for_idle()
+    print(json.dumps({"runs": idle.runs, "stopReason": idle.stop_reason}))
+    return 1 if idle.stop_reason == "error" else 0
+
+
+# --- live clients ------------------------------------------------------------------------------
+
+
+async def cmd_chat(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    await chat(client, settings, args.id, start_options(args))
     return 0
 
 
-async def cmd_watch(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    await watch(client, args.id, as_json=args.json, from_offset=args.from_offset)
+async def cmd_watch(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    await watch(Conversation.attach(client, args.id), as_json=args.json, from_offset=args.from_offset)
     return 0
 
 
-async def cmd_start(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    workflow_id = args.id or f"chat-{uuid.uuid4().hex[:8]}"
-    await start_conversation(client, workflow_id, session_input(args), task_queue=config.task_queue)
-    print(workflow_id)
-    return 0
+# --- the conversation's lifecycle --------------------------------------------------------------
 
 
-async def cmd_prompt(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    result = await client.get_workflow_handle(args.id).execute_update(
-        "prompt", args.text, result_type=PromptResult
+async def cmd_start(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    conversation = await Conversation.start(
+        client, settings, id=args.id, prompt=args.prompt, **start_options(args)
     )
-    print(f"run {result.run} started (events from offset {result.event_offset})")
+    print(conversation.id)
     return 0
 
 
-async def cmd_continue(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    result = await client.get_workflow_handle(args.id).execute_update("continue", result_type=PromptResult)
-    print(f"run {result.run} started (events from offset {result.event_offset})")
+async def cmd_fork(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    fork = await Conversation.attach(client, args.id).fork(args.at, id=args.new_id)
+    print(fork.id)
     return 0
 
 
-async def cmd_signal(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    signal, payload = SIGNALS[args.command]
-    arg = args.text if payload else None
-    handle = client.get_workflow_handle(args.id)
-    if arg is None:
-        await handle.signal(signal)
-    else:
-        await handle.signal(signal, arg)
-    print(f"sent {signal} to {args.id}")
+async def cmd_reset(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    await Conversation.attach(client, args.id).reset()
+    print(f"reset {args.id}: transcript, queues, usage and counters cleared")
     return 0
 
 
-async def cmd_state(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    state = await client.get_workflow_handle(args.id).query("state", result_type=SessionState)
-    print(json.dumps(state.model_dump(), indent=2))
+async def cmd_signal(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    conversation = Conversation.attach(client, args.id)
+    sends = {
+        "steer": lambda: conversation.steer(args.text),
+        "follow-up": lambda: conversation.follow_up(args.text),
+        "abort": conversation.abort,
+        "stop": conversation.stop_after_turn,
+        "close": conversation.close,
+    }
+    await sends[args.command]()
+    print(f"sent {SIGNALS[args.command]} to {args.id}")
     return 0
 
 
-async def cmd_messages(client: Client, config: Settings, args: argparse.Namespace) -> int:
-    messages: list[AgentMessage] = await client.get_workflow_handle(args.id).query(
-        "messages", result_type=list[AgentMessage]
-    )
-    print(json.dumps(MessageList.dump_python(messages, mode="json"), indent=2))
-    return 0
-
-
-SIGNALS: dict[str, tuple[str, bool]] = {
-    "steer": ("steer", True),
-    "follow-up": ("follow_up", True),
-    "abort": ("abort", False),
-    "stop": ("stop_after_turn", False),
-    "close": ("close", False),
+SIGNALS = {
+    "steer": "steer",
+    "follow-up": "follow_up",
+    "abort": "abort",
+    "stop": "stop_after_turn",
+    "close": "close",
 }
+
+
+# --- settings, queues, approvals -------------------------------------------------------------
+
+
+async def cmd_configure(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    changes = {
+        "model": args.model,
+        "system_prompt": args.system,
+        "thinking_level": args.thinking,
+        "tools": _names(args.tools),
+        "tool_execution": args.tool_execution,
+        "steering_mode": args.steering_mode,
+        "follow_up_mode": args.follow_up_mode,
+        "max_turns": args.max_turns,
+        "max_total_tokens": args.max_total_tokens,
+        "max_cost": args.max_cost,
+        "approval_timeout_seconds": args.approval_timeout,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        raise UserError(
+            "Name at least one setting to change, e.g. --model gpt-4o-mini (see configure --help)."
+        )
+    in_force = await Conversation.attach(client, args.id).configure(**changes)
+    print(json.dumps(in_force.model_dump(mode="json"), indent=2))
+    return 0
+
+
+async def cmd_clear(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    removed = await Conversation.attach(client, args.id).clear_queues(args.which)
+    print(json.dumps([m.model_dump(mode="json") for m in removed], indent=2))
+    return 0
+
+
+async def cmd_approve(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    conversation = Conversation.attach(client, args.id)
+    await conversation.approve(args.call_id, approved=not args.reject, reason=args.reason)
+    print(f"{'rejected' if args.reject else 'approved'} {args.call_id}")
+    return 0
+
+
+async def cmd_state(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    state = await Conversation.attach(client, args.id).state()
+    print(json.dumps(state.model_dump(mode="json"), indent=2))
+    return 0
+
+
+async def cmd_messages(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    messages: list[AgentMessage] = await Conversation.attach(client, args.id).messages()
+    print(json.dumps([m.model_dump(mode="json") for m in messages], indent=2))
+    return 0
+
+
+async def cmd_list(client: Client, settings: Settings, args: argparse.Namespace) -> int:
+    rows = [
+        (
+            found.id,
+            found.status or "?",
+            found.model or "?",
+            f"{found.turns or 0} turns",
+            f"{found.total_tokens or 0:,} tokens",
+            f"${found.cost or 0:.4f}",
+            found.started.astimezone().strftime("%Y-%m-%d %H:%M"),
+        )
+        async for found in list_conversations(client, status=args.status, model=args.model, limit=args.limit)
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("No conversations found.", file=sys.stderr)
+    return 0
+
+
+# --- the command line --------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,31 +275,85 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def settings(sub: argparse.ArgumentParser) -> None:
+    def agent_settings(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--model", help="model id (default: the worker's AGENT_MODEL)")
         sub.add_argument("--system", help="system prompt")
-        sub.add_argument("--thinking", choices=["off", "minimal", "low", "medium", "high", "xhigh"])
+        sub.add_argument("--thinking", choices=THINKING_LEVELS)
         sub.add_argument("--tools", help="comma-separated tool names (default: all the worker has)")
-        sub.add_argument("--max-turns", type=int)
+        sub.add_argument("--max-turns", type=int, help="most model calls in one run")
+
+    def start_settings(sub: argparse.ArgumentParser) -> None:
+        agent_settings(sub)
         sub.add_argument("--id", help="conversation id (workflow id)")
 
     run = commands.add_parser("run", help="start a conversation, stream its run, close it")
     run.add_argument("prompt")
-    settings(run)
-    settings(commands.add_parser("chat", help="chat in the terminal (--id re-attaches, or starts that id)"))
+    start_settings(run)
+    start_settings(
+        commands.add_parser("chat", help="chat in the terminal (--id re-attaches, or starts that id)")
+    )
     watch = commands.add_parser("watch", help="print a conversation's events as they happen")
     watch.add_argument("id")
     watch.add_argument("--json", action="store_true", help="one JSON event per line, with its offset")
     watch.add_argument("--from", dest="from_offset", type=int, default=0, metavar="OFFSET")
     start = commands.add_parser("start", help="start a conversation and print its id")
     start.add_argument("--prompt")
-    settings(start)
-    for name in ("prompt", "steer", "follow-up"):
+    start_settings(start)
+
+    for name, text in (
+        ("prompt", "start a run with TEXT"),
+        ("continue", "run from the transcript and queues"),
+    ):
+        sub = commands.add_parser(name, help=f"{text} (refused while a run is active)")
+        sub.add_argument("id")
+        if name == "prompt":
+            sub.add_argument("text")
+        sub.add_argument(
+            "--wait", action="store_true", help="stream the run to its end; exit 1 if it ended in error"
+        )
+    for name in ("steer", "follow-up"):
         sub = commands.add_parser(name)
         sub.add_argument("id")
         sub.add_argument("text")
-    for name in ("abort", "stop", "close", "continue", "state", "messages"):
+    for name in ("abort", "stop", "close", "state", "messages"):
         commands.add_parser(name).add_argument("id")
+
+    configure = commands.add_parser(
+        "configure", help="change settings from the next model call; print those in force"
+    )
+    configure.add_argument("id")
+    agent_settings(configure)
+    configure.add_argument("--tool-execution", choices=["parallel", "sequential"])
+    configure.add_argument("--steering-mode", choices=["one-at-a-time", "all"])
+    configure.add_argument("--follow-up-mode", choices=["one-at-a-time", "all"])
+    configure.add_argument("--max-total-tokens", type=int, help="token budget of the conversation")
+    configure.add_argument("--max-cost", type=float, help="cost budget of the conversation")
+    configure.add_argument(
+        "--approval-timeout", type=float, metavar="SECONDS", help="reject undecided calls after"
+    )
+
+    clear = commands.add_parser("clear", help="remove queued messages; print them (JSON, oldest first)")
+    clear.add_argument("id")
+    clear.add_argument("which", nargs="?", default="all", choices=["steering", "followUp", "all"])
+    commands.add_parser("reset", help="clear transcript, queues, usage (refused during a run)").add_argument(
+        "id"
+    )
+    commands.add_parser(
+        "wait", help="wait until no run is active; print runs and stopReason (exit 1: it ended in error)"
+    ).add_argument("id")
+    fork = commands.add_parser("fork", help="a new conversation from the first N messages; print its id")
+    fork.add_argument("id")
+    fork.add_argument("--at", type=int, required=True, metavar="N", help="messages to keep")
+    fork.add_argument("--id", dest="new_id", metavar="NEW", help="the new conversation's id")
+    listing = commands.add_parser("list", help="the conversations, newest first (status, model, usage)")
+    listing.add_argument("--status", choices=["idle", "running", "awaiting-approval", "closed"])
+    listing.add_argument("--model")
+    listing.add_argument("--limit", type=int, default=50)
+    approve = commands.add_parser("approve", help="decide a tool call that waits for approval")
+    approve.add_argument("id")
+    approve.add_argument("call_id")
+    approve.add_argument("--reject", action="store_true", help="refuse the call instead")
+    approve.add_argument("--reason", help="why (the model sees it)")
     return parser
 
 
@@ -182,6 +364,13 @@ COMMANDS = {
     "start": cmd_start,
     "prompt": cmd_prompt,
     "continue": cmd_continue,
+    "wait": cmd_wait,
+    "configure": cmd_configure,
+    "clear": cmd_clear,
+    "reset": cmd_reset,
+    "fork": cmd_fork,
+    "approve": cmd_approve,
+    "list": cmd_list,
     "state": cmd_state,
     "messages": cmd_messages,
     **{name: cmd_signal for name in SIGNALS},
@@ -189,13 +378,12 @@ COMMANDS = {
 
 
 async def run_command(args: argparse.Namespace) -> int:
-    config = Settings.from_env()
-    client = await connect(config)
+    settings = Settings.from_env()
+    client = await connect(settings)
     try:
-        return await COMMANDS[args.command](client, config, args)
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        raise UserError(getattr(cause, "message", None) or str(cause)) from None
+        return await COMMANDS[args.command](client, settings, args)
+    except Refused as err:
+        raise UserError(str(err)) from None
     except WorkflowFailureError as err:
         cause = err.cause
         raise UserError(f"The conversation failed: {getattr(cause, 'message', None) or cause}") from None

@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import openai
@@ -61,7 +62,8 @@ async def main(runs: int) -> dict[str, Any]:
     base: dict[int, list[float]] = {k: [] for k in ROUNDS}
     durable: dict[tuple[str, int], list[bench.DurableRun]] = {(v, k): [] for v in VARIANTS for k in ROUNDS}
     try:
-        client = await connect(Settings.from_env(address=dev.address, task_queue=queues["all on"]))
+        settings = Settings.from_env(address=dev.address)
+        client = await connect(settings)
         for run in range(runs + 1):  # the first round warms every worker up and is dropped
             for rounds in ROUNDS:
                 model = f"base-{uuid.uuid4().hex[:6]}"
@@ -77,7 +79,8 @@ async def main(runs: int) -> dict[str, Any]:
                 for name in names:
                     model = f"dur-{uuid.uuid4().hex[:6]}"
                     server.script(model, bench.scenario(rounds))
-                    result = await bench.durable_conversation(client, server, model, queues[name])
+                    on_queue = replace(settings, task_queue=queues[name])
+                    result = await bench.durable_conversation(client, on_queue, server, model)
                     if run:
                         durable[(name, rounds)].append(result)
     finally:

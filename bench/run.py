@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from temporalio.client import Client
 import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
 from activities.openai_chat import StreamAssembler, to_openai_messages
 from activities.tools import registered_tools
-from client import follow, start_conversation
+from client import Conversation
 from runtime.connect import connect
 from runtime.settings import Settings
 from testbed.local_stack import DevServer, start_worker, stop_process
@@ -109,19 +109,21 @@ class DurableRun:
 
 
 async def durable_conversation(
-    client: Client, server: ScriptedModelServer, model: str, task_queue: str = TASK_QUEUE
+    client: Client, settings: Settings, server: ScriptedModelServer, model: str
 ) -> DurableRun:
-    workflow_id = f"bench-{uuid.uuid4().hex[:8]}"
+    """One conversation of the scenario on ``settings.task_queue``, followed to its end."""
     started = time.monotonic()
-    handle = await start_conversation(
+    conversation = await Conversation.start(
         client,
-        workflow_id,
-        {"model": model, "prompt": "run the scenario", "closeWhenIdle": True},
-        task_queue=task_queue,
+        settings,
+        id=f"bench-{uuid.uuid4().hex[:8]}",
+        prompt="run the scenario",
+        model=model,
+        close_when_idle=True,
     )
     seen_first: list[float] = []
     streaming = False
-    async for _offset, event in follow(client, workflow_id):
+    async for _offset, event in conversation.events():
         kind = event["type"]
         if kind == "message_start" and event["message"]["role"] == "assistant":
             streaming = True
@@ -131,8 +133,8 @@ async def durable_conversation(
         elif kind == "agent_end":
             break
     elapsed = time.monotonic() - started
-    result = await handle.result()
-    history = await handle.fetch_history()
+    result = await conversation.result()
+    history = await conversation.history()
     sent = server.store.first_tokens(model)
     latencies = [(seen - sent_at) * 1000 for seen, sent_at in zip(seen_first, sent, strict=False)]
     return DurableRun(
@@ -147,7 +149,9 @@ async def durable_conversation(
 # --- the measurements -------------------------------------------------------------------------
 
 
-async def compare(client: Client, server: ScriptedModelServer, runs: int) -> dict[str, Any]:
+async def compare(
+    client: Client, settings: Settings, server: ScriptedModelServer, runs: int
+) -> dict[str, Any]:
     llm = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
     out: dict[str, Any] = {}
     samples: dict[int, dict[str, list[Any]]] = {k: {"baseline": [], "durable": []} for k in (5, 20)}
@@ -160,7 +164,7 @@ async def compare(client: Client, server: ScriptedModelServer, runs: int) -> dic
             samples[rounds]["baseline"].append((time.monotonic() - t) * 1000 / turns)
             model = f"dur-{uuid.uuid4().hex[:6]}"
             server.script(model, scenario(rounds))
-            samples[rounds]["durable"].append(await durable_conversation(client, server, model))
+            samples[rounds]["durable"].append(await durable_conversation(client, settings, server, model))
     for rounds, sample in samples.items():
         durable: list[DurableRun] = sample["durable"]
         base_ms = statistics.median(sample["baseline"])
@@ -182,14 +186,16 @@ async def compare(client: Client, server: ScriptedModelServer, runs: int) -> dic
     return out
 
 
-async def first_token_latency(client: Client, server: ScriptedModelServer) -> dict[str, float]:
+async def first_token_latency(
+    client: Client, settings: Settings, server: ScriptedModelServer
+) -> dict[str, float]:
     """The model waits 300 ms before its first token, so the stream is idle
     when it comes (the realistic case); time from send to subscriber."""
     latencies: list[float] = []
     for _ in range(5):
         model = f"ftl-{uuid.uuid4().hex[:6]}"
         server.script(model, scenario(1, first_delay_ms=300))
-        latencies += (await durable_conversation(client, server, model)).first_token_ms
+        latencies += (await durable_conversation(client, settings, server, model)).first_token_ms
     return {
         "median_ms": round(statistics.median(latencies), 1),
         "max_ms": round(max(latencies), 1),
@@ -198,7 +204,7 @@ async def first_token_latency(client: Client, server: ScriptedModelServer) -> di
 
 
 async def kill_to_resume(
-    client: Client, server: ScriptedModelServer, env: dict[str, str]
+    client: Client, settings: Settings, server: ScriptedModelServer, env: dict[str, str]
 ) -> dict[str, float]:
     """SIGKILL the worker streaming an answer; seconds until the retried call
     is on the stream again and until its first token is, with a standby
@@ -210,13 +216,17 @@ async def kill_to_resume(
     model = f"kill-{uuid.uuid4().hex[:6]}"
     slow = {"text": ANSWER * 3, "chunk_chars": 4, "delay_ms": 20}  # ~12 s of tokens
     server.script(model, [slow, slow])
-    workflow_id = f"kill-{uuid.uuid4().hex[:6]}"
-    await start_conversation(
-        client, workflow_id, {"model": model, "prompt": "go", "closeWhenIdle": True}, task_queue=queue
+    conversation = await Conversation.start(
+        client,
+        replace(settings, task_queue=queue),
+        id=f"kill-{uuid.uuid4().hex[:6]}",
+        prompt="go",
+        model=model,
+        close_when_idle=True,
     )
     killed_at = retry_seen = tokens_again = 0.0
     try:
-        async for _offset, event in follow(client, workflow_id):
+        async for _offset, event in conversation.events():
             kind = event["type"]
             if kind == "message_update" and not killed_at:
                 # The victim is the only worker on the queue, so it holds the
@@ -239,7 +249,9 @@ async def kill_to_resume(
     return {"retry_started_s": round(retry_seen, 2), "tokens_again_s": round(tokens_again, 2)}
 
 
-async def concurrency(client: Client, server: ScriptedModelServer, worker_pid: int, n: int) -> dict[str, Any]:
+async def concurrency(
+    client: Client, settings: Settings, server: ScriptedModelServer, worker_pid: int, n: int
+) -> dict[str, Any]:
     """n conversations at once on one worker, 200 ms of model latency per turn."""
     rounds = 3
 
@@ -248,13 +260,15 @@ async def concurrency(client: Client, server: ScriptedModelServer, worker_pid: i
         server.script(model, scenario(rounds, first_delay_ms=200))
         started = time.monotonic()
         try:
-            handle = await start_conversation(
+            conversation = await Conversation.start(
                 client,
-                f"conc-{uuid.uuid4().hex[:8]}",
-                {"model": model, "prompt": "go", "closeWhenIdle": True},
-                task_queue=TASK_QUEUE,
+                settings,
+                id=f"conc-{uuid.uuid4().hex[:8]}",
+                prompt="go",
+                model=model,
+                close_when_idle=True,
             )
-            result = await handle.result()
+            result = await conversation.result()
         except Exception:
             return False, time.monotonic() - started, 0
         ok = result.messages[-1].role == "assistant" and result.messages[-1].stop_reason == "stop"
@@ -287,15 +301,21 @@ def _rss_kb(pid: int) -> int:
 
 def stack_env(dev: DevServer, server: ScriptedModelServer) -> dict[str, str]:
     """Worker settings for the benchmark's stack; the payload store is shared
-    with this process (its client reads stored payloads too)."""
+    with this process (its client reads stored payloads too). The tools'
+    workspace is a directory of its own: the worker refuses one that holds
+    the payload store (by default its working directory, which does)."""
+    workspace = (DATA / "workspace").resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
     env = {
         "TEMPORAL_ADDRESS": dev.address,
         "OPENAI_BASE_URL": server.base_url,
         "OPENAI_API_KEY": "bench",
         "AGENT_STORAGE_DIR": str((DATA / "payloads").resolve()),
+        "AGENT_WORKSPACE": str(workspace),
         "LOG_LEVEL": "WARNING",
     }
-    os.environ["AGENT_STORAGE_DIR"] = env["AGENT_STORAGE_DIR"]
+    for name in ("AGENT_STORAGE_DIR", "AGENT_WORKSPACE"):  # this process's settings check them too
+        os.environ[name] = env[name]
     return env
 
 
@@ -306,11 +326,12 @@ async def main(runs: int, n: int) -> dict[str, Any]:
     env = {**stack_env(dev, server), "TEMPORAL_TASK_QUEUE": TASK_QUEUE}
     worker = start_worker(env, log_path=DATA / "worker.log")
     try:
-        client = await connect(Settings.from_env(address=dev.address, task_queue=TASK_QUEUE))
-        summary = await compare(client, server, runs)
-        summary["first_token"] = await first_token_latency(client, server)
-        summary["kill_to_resume"] = await kill_to_resume(client, server, env)
-        summary["concurrency"] = await concurrency(client, server, worker.pid, n)
+        settings = Settings.from_env(address=dev.address, task_queue=TASK_QUEUE)
+        client = await connect(settings)
+        summary = await compare(client, settings, server, runs)
+        summary["first_token"] = await first_token_latency(client, settings, server)
+        summary["kill_to_resume"] = await kill_to_resume(client, settings, server, env)
+        summary["concurrency"] = await concurrency(client, settings, server, worker.pid, n)
         return summary
     finally:
         stop_process(worker)

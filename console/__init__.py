@@ -1,8 +1,7 @@
-"""Live clients of a conversation: follow its event stream, render it, chat."""
+"""Live clients of a conversation: render its events, watch them, chat."""
 
-from client import follow
 from console.chat import chat
 from console.render import EventRenderer, json_line
-from console.watch import watch
+from console.watch import approval_hint, watch
 
-__all__ = ["EventRenderer", "chat", "follow", "json_line", "watch"]
+__all__ = ["EventRenderer", "approval_hint", "chat", "json_line", "watch"]

@@ -5,11 +5,16 @@ renders it with rich, the other reads lines with prompt_toolkit. What the
 renderer prints goes above the input line (``patch_stdout``); the line still
 streaming is shown just above the prompt (``AbovePromptWriter``), so typing
 and streaming never draw over each other.
+
+Tool calls that wait for a person's approval are listed as they arrive (and
+on attach, from the state); while any wait, a bare ``y`` or ``n [reason]``
+decides the oldest one, which the prompt names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import sys
 import uuid
@@ -21,91 +26,110 @@ from prompt_toolkit.formatted_text import ANSI, AnyFormattedText, FormattedText,
 from prompt_toolkit.patch_stdout import patch_stdout
 from rich.console import Console
 from rich.text import Text
-from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
+from temporalio.service import RPCError
 
-from client import follow, start_conversation
+from client import (
+    AgentMessage,
+    Conversation,
+    ConversationExists,
+    ConversationNotFound,
+    PendingApproval,
+    Refused,
+    SessionState,
+)
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
 from runtime.settings import Settings
-from workflows.contract import PromptResult, SessionState
 
 HELP = """\
 Type a message to start a run; while a run is active it steers it
 (injected before the next model call).
-  /followup TEXT  queue TEXT for when the agent would otherwise stop
-  /abort          abort the active run (or Ctrl-C)
-  /stop           end the active run after the current turn
-  /state          queues, turns, token usage and cost
-  /help           this help
-  /quit           leave; the conversation stays alive (or Ctrl-D)"""
+  /followup TEXT         queue TEXT for when the agent would otherwise stop
+  /abort                 abort the active run (or Ctrl-C)
+  /stop                  end the active run after the current turn
+  /model [NAME]          show or change the model (from the next model call)
+  /system [TEXT]         show or change the system prompt
+  /thinking [LEVEL]      show or change the thinking level (off, minimal, low, medium, high, xhigh)
+  /tools [a,b]           show or change the tools the model may call
+  /clear [steering|followUp|all]   take queued messages back into the input line
+  /reset                 clear transcript, queues and usage (not during a run)
+  y | n [REASON]         decide the oldest tool call waiting for approval
+  /approve [CALL_ID]     approve a waiting tool call (default: the oldest)
+  /reject [CALL_ID] [REASON]   reject it; the model sees the reason
+  /state                 settings, queues, approvals, turns, usage and cost
+  /help                  this help
+  /quit                  leave; the conversation stays alive (or Ctrl-D)"""
 
 _PROMPT = FormattedText([("bold", "› ")])
 _CONVERSATION_ENDED = "The conversation has ended."
+_BUSY = ("running", "awaiting-approval")
+_QUEUES = {"steering": "steering", "followup": "followUp", "follow-up": "followUp", "all": "all"}
+_YES = re.compile(r"(?i)y|yes")
+_NO = re.compile(r"(?i)(?:n|no)(?:\s+(?P<reason>.*))?")
 
 
-async def chat(client: Client, config: Settings, workflow_id: str | None, settings: dict[str, Any]) -> None:
-    """Chat with conversation ``workflow_id``, starting it (with ``settings``,
-    camelCase) when no conversation has that id yet, or with a new one when
-    it is ``None``. Re-attaching prints the transcript, then goes on live
-    from where the transcript ends."""
-    workflow_id = workflow_id or f"chat-{uuid.uuid4().hex[:8]}"
-    transcript, offset = await _attach_or_start(client, config, workflow_id, settings)
-    await ChatSession(client, workflow_id).run(transcript, offset)
+async def chat(
+    client: Client, settings: Settings, conversation_id: str | None, options: dict[str, Any]
+) -> None:
+    """Chat with conversation ``conversation_id``, starting it (with start
+    ``options``, snake_case) when no conversation has that id yet, or a new
+    one when it is ``None``. Re-attaching prints the transcript, then goes on
+    live from where the transcript ends."""
+    conversation_id = conversation_id or f"chat-{uuid.uuid4().hex[:8]}"
+    conversation, state, transcript = await _attach_or_start(client, settings, conversation_id, options)
+    await ChatSession(conversation).run(state, transcript)
 
 
 async def _attach_or_start(
-    client: Client, config: Settings, workflow_id: str, settings: dict[str, Any]
-) -> tuple[list[dict[str, Any]], int]:
-    """The transcript and offset of conversation ``workflow_id``; a
-    conversation that does not exist yet is started (users name their chats)."""
+    client: Client, settings: Settings, conversation_id: str, options: dict[str, Any]
+) -> tuple[Conversation, SessionState | None, list[AgentMessage]]:
+    """The conversation, its state and transcript; one that does not exist
+    yet is started (users name their chats) and has neither."""
+    conversation = Conversation.attach(client, conversation_id)
     try:
-        return await _snapshot(client, workflow_id)
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
+        return conversation, *await conversation.snapshot()
+    except ConversationNotFound:
+        pass
     try:
-        await start_conversation(client, workflow_id, settings, task_queue=config.task_queue)
-    except WorkflowAlreadyStartedError:  # another chat started it meanwhile: join it
-        return await _snapshot(client, workflow_id)
-    return [], 0
-
-
-async def _snapshot(client: Client, workflow_id: str) -> tuple[list[dict[str, Any]], int]:
-    """The transcript and the stream offset that continues it exactly.
-
-    One ``state`` query gives the message count and the offset together;
-    messages are only ever appended, so the first ``messageCount`` messages
-    of a later ``messages`` query are the ones that offset follows."""
-    handle = client.get_workflow_handle(workflow_id)
-    state = await handle.query("state", result_type=SessionState)
-    messages: list[dict[str, Any]] = await handle.query("messages")
-    return messages[: state.message_count], state.event_offset
+        await Conversation.start(client, settings, id=conversation_id, **options)
+    except ConversationExists:  # another chat started it meanwhile: join it
+        return conversation, *await conversation.snapshot()
+    return conversation, None, []
 
 
 class ChatSession:
     """One terminal attached to one conversation."""
 
-    def __init__(self, client: Client, workflow_id: str) -> None:
-        self._client = client
-        self._workflow_id = workflow_id
-        self._handle = client.get_workflow_handle(workflow_id)
+    def __init__(self, conversation: Conversation) -> None:
+        self._conversation = conversation
         self._input: PromptSession[str] = PromptSession(erase_when_done=True)
         self._writer: AbovePromptWriter | None = None
+        self._renderer: EventRenderer | None = None
         self._notes = Console()  # prints to sys.stdout as it is at the time: the patched one
         self._aborting = False
+        self._approvals: dict[str, PendingApproval] = {}  # oldest first
+        self._restore = ""  # text for the next input line (messages taken back by /clear)
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
             "/followup": self._follow_up,
             "/abort": self._abort,
             "/stop": self._stop,
+            "/model": self._model,
+            "/system": self._system,
+            "/thinking": self._thinking,
+            "/tools": self._tools,
+            "/clear": self._clear,
+            "/reset": self._reset,
+            "/approve": self._approve,
+            "/reject": self._reject,
             "/state": self._show_state,
             "/help": self._help,
         }
 
-    async def run(self, transcript: list[dict[str, Any]], offset: int) -> None:
+    async def run(self, state: SessionState | None, transcript: list[AgentMessage]) -> None:
         """Chat until the user leaves or the conversation ends."""
         ended: str | None = None
+        conversation_id = self._conversation.id
         try:
             with patch_stdout(raw=True):
                 self._writer = AbovePromptWriter(
@@ -113,22 +137,24 @@ class ChatSession:
                     on_tail_change=self._input.app.invalidate,
                     columns=lambda: shutil.get_terminal_size().columns,
                 )
-                renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
-                self._say(f"conversation {self._workflow_id} · /help lists the commands")
-                renderer.render_transcript(transcript)
-                ended = await self._run_tasks(renderer, offset)
+                self._renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
+                self._say(f"conversation {conversation_id} · /help lists the commands")
+                self._renderer.render_transcript([m.model_dump(mode="json") for m in transcript])
+                for approval in state.pending_approvals if state else []:
+                    self._observe({"type": "tool_approval_request", **approval.model_dump(mode="json")})
+                ended = await self._run_tasks(state.event_offset if state else 0)
                 self._writer.end_line()
         finally:
             if ended is not None:
                 print(ended)
             if ended != _CONVERSATION_ENDED:
                 print("Left the chat; the conversation goes on. Re-attach with:")
-                print(f"  python starter.py chat --id {self._workflow_id}")
+                print(f"  python starter.py chat --id {conversation_id}")
 
-    async def _run_tasks(self, renderer: EventRenderer, offset: int) -> str | None:
+    async def _run_tasks(self, offset: int) -> str | None:
         """Render and read side by side; whichever ends first ends the chat.
         Returns why the stream ended, or ``None`` when the user left."""
-        stream = asyncio.create_task(self._render_events(renderer, offset))
+        stream = asyncio.create_task(self._render_events(offset))
         typing = asyncio.create_task(self._read_lines())
         try:
             await asyncio.wait({stream, typing}, return_when=asyncio.FIRST_COMPLETED)
@@ -141,14 +167,29 @@ class ChatSession:
             raise error
         return None if stream.cancelled() else stream.result()
 
-    async def _render_events(self, renderer: EventRenderer, offset: int) -> str:
-        """Render the stream until the workflow completes; never raises."""
+    async def _render_events(self, offset: int) -> str:
+        """Render the stream until the conversation ends; never raises."""
         try:
-            async for _, event in follow(self._client, self._workflow_id, offset):
-                renderer.render(event)
+            async for _, event in self._conversation.events(offset):
+                self._observe(event)
         except Exception as err:  # the chat ends with the reason, not a traceback
             return f"The event stream failed: {getattr(err, 'message', None) or err}"
         return _CONVERSATION_ENDED
+
+    def _observe(self, event: dict[str, Any]) -> None:
+        """Render an event and keep the list of calls waiting for approval."""
+        assert self._renderer is not None
+        self._renderer.render(event)
+        kind = event.get("type")
+        if kind == "tool_approval_request":
+            self._approvals[event["toolCallId"]] = PendingApproval.model_validate(event)
+            first = len(self._approvals) == 1
+            self._say("  y approves, n [reason] rejects" + ("" if first else " (after the ones before it)"))
+        elif kind == "tool_execution_end":
+            self._approvals.pop(event.get("toolCallId", ""), None)
+        elif kind == "agent_end":
+            self._approvals.clear()
+        self._input.app.invalidate()
 
     # --- input ---------------------------------------------------------------
 
@@ -156,8 +197,9 @@ class ChatSession:
         """Read lines and act on them until the user leaves."""
         while True:
             line: str | None
+            default, self._restore = self._restore, ""
             try:
-                line = await self._input.prompt_async(self._prompt_message)
+                line = await self._input.prompt_async(self._prompt_message, default=default)
             except EOFError:
                 return
             except KeyboardInterrupt:
@@ -165,6 +207,8 @@ class ChatSession:
             try:
                 if not await self._act(line):
                     return
+            except Refused as err:
+                self._say(f"✗ {err}", "red")
             except RPCError as err:
                 self._say(f"✗ {err.message}", "red")
 
@@ -179,6 +223,8 @@ class ChatSession:
         if not line:
             return True
         if not line.startswith("/"):
+            if self._approvals and await self._decide_oldest(line):
+                return True
             await self._send(line)
             return True
         name, _, argument = line.partition(" ")
@@ -190,9 +236,16 @@ class ChatSession:
         return True
 
     def _prompt_message(self) -> AnyFormattedText:
-        """The input prompt, below the line being streamed (if any)."""
+        """The input prompt, below the line being streamed (if any); while a
+        tool call waits for approval, it names the one ``y``/``n`` decides."""
+        prompt: AnyFormattedText = _PROMPT
+        if self._approvals:
+            oldest = next(iter(self._approvals.values()))
+            more = f", +{len(self._approvals) - 1} more" if len(self._approvals) > 1 else ""
+            question = f"approve {oldest.tool_name} ({oldest.tool_call_id}{more})? y/n › "
+            prompt = FormattedText([("bold yellow", question)])
         tail = self._writer.tail if self._writer is not None else ""
-        return merge_formatted_text([ANSI(tail), "\n", _PROMPT]) if tail else _PROMPT
+        return merge_formatted_text([ANSI(tail), "\n", prompt]) if tail else prompt
 
     async def _interrupt(self) -> bool:
         """Ctrl-C aborts the active run; a second one, or one while idle,
@@ -202,65 +255,193 @@ class ChatSession:
         self._aborting = True  # the next Ctrl-C leaves, whatever happens to this one
         if not await self._is_running():
             return True
-        await self._handle.signal("abort")
+        await self._conversation.abort()
         self._say("aborting the run (Ctrl-C again leaves the chat)", "yellow")
         return False
 
-    # --- what a line does ---------------------------------------------------------
+    # --- runs and queues ---------------------------------------------------------------
 
     async def _send(self, text: str) -> None:
         """Steer the active run, or start a run with ``text``."""
         if await self._is_running():
-            await self._handle.signal("steer", text)
+            await self._conversation.steer(text)
             self._say(f"» steering: {text}", "magenta")
             return
-        try:
-            await self._handle.execute_update("prompt", text, result_type=PromptResult)
-        except WorkflowUpdateFailedError as err:
-            self._say(f"✗ {getattr(err.cause, 'message', None) or err.cause}", "red")
+        await self._conversation.send_prompt(text)
 
     async def _follow_up(self, text: str) -> None:
         if not text:
             self._say("Usage: /followup TEXT", "yellow")
             return
-        await self._handle.signal("follow_up", text)
+        await self._conversation.follow_up(text)
         self._say(f"» follow-up queued: {text}", "magenta")
 
     async def _abort(self, _: str) -> None:
         if not await self._is_running():
             self._say("No run is active.")
             return
-        await self._handle.signal("abort")
+        await self._conversation.abort()
         self._say("aborting the run", "yellow")
 
     async def _stop(self, _: str) -> None:
         if not await self._is_running():
             self._say("No run is active.")
             return
-        await self._handle.signal("stop_after_turn")
+        await self._conversation.stop_after_turn()
         self._say("the run ends after the current turn")
 
+    async def _clear(self, argument: str) -> None:
+        """Take queued messages out of the queues and into the input line."""
+        which = _QUEUES.get((argument or "all").lower())
+        if which is None:
+            self._say("Usage: /clear [steering|followUp|all]", "yellow")
+            return
+        removed = await self._conversation.clear_queues(which)
+        if not removed:
+            self._say("Nothing was queued.")
+            return
+        texts = [_message_text(message) for message in removed]
+        self._restore = " ".join(texts)  # one line: the input line is single-line
+        count = f"{len(removed)} queued message{'' if len(removed) == 1 else 's'}"
+        self._say(f"took {count} back into the input line: edit, then Enter sends them as one message")
+
+    async def _reset(self, _: str) -> None:
+        await self._conversation.reset()
+        self._say("The conversation was reset: transcript, queues, usage and counters are cleared.")
+
+    # --- settings ------------------------------------------------------------------------
+
+    async def _model(self, name: str) -> None:
+        if not name:
+            self._say(f"model: {(await self._state()).model}")
+            return
+        settings = await self._conversation.configure(model=name)
+        self._say(f"model: {settings.model} (from the next model call)")
+
+    async def _system(self, text: str) -> None:
+        if not text:
+            self._say(f"system prompt: {(await self._state()).system_prompt or '(none)'}")
+            return
+        await self._conversation.configure(system_prompt=text)
+        self._say("system prompt changed (from the next model call)")
+
+    async def _thinking(self, level: str) -> None:
+        if not level:
+            self._say(f"thinking: {(await self._state()).thinking_level}")
+            return
+        settings = await self._conversation.configure(thinking_level=level)
+        self._say(f"thinking: {settings.thinking_level} (from the next model call)")
+
+    async def _tools(self, names: str) -> None:
+        if not names:
+            self._say(f"tools: {', '.join((await self._state()).tools or []) or '(none)'}")
+            return
+        chosen = [name.strip() for name in names.split(",") if name.strip()]
+        settings = await self._conversation.configure(tools=chosen)
+        self._say(f"tools: {', '.join(settings.tools or []) or '(none)'} (from the next model call)")
+
     async def _show_state(self, _: str) -> None:
-        state = await self._state()
-        self._say(
-            f"{state.status} · model {state.model} · {state.turns} turns in {state.runs} runs"
-            f" · {state.message_count} messages\n"
-            f"queued: {state.steering_queue} steering, {state.follow_up_queue} follow-up\n"
-            f"usage: {state.usage.total_tokens:,} tokens · ${state.usage.cost.total:.4f}"
-        )
+        self._say(_describe(await self._state()))
 
     async def _help(self, _: str) -> None:
         self._say(HELP)
 
+    # --- approvals --------------------------------------------------------------------------
+
+    async def _decide_oldest(self, line: str) -> bool:
+        """``y`` or ``n [reason]`` decides the oldest waiting call; False
+        when the line is neither (it is a message)."""
+        oldest = next(iter(self._approvals))
+        if _YES.fullmatch(line):
+            await self._decide(oldest, True, None)
+            return True
+        no = _NO.fullmatch(line)
+        if no:
+            await self._decide(oldest, False, no.group("reason") or None)
+            return True
+        return False
+
+    async def _approve(self, argument: str) -> None:
+        call_id = argument.split(maxsplit=1)[0] if argument else self._oldest()
+        if call_id:
+            await self._decide(call_id, True, None)
+
+    async def _reject(self, argument: str) -> None:
+        named, _, reason = argument.partition(" ")
+        call_id = named or self._oldest()
+        if call_id:
+            await self._decide(call_id, False, reason.strip() or None)
+
+    def _oldest(self) -> str | None:
+        if not self._approvals:
+            self._say("No tool call is waiting for approval.")
+            return None
+        return next(iter(self._approvals))
+
+    async def _decide(self, call_id: str, approved: bool, reason: str | None) -> None:
+        pending = self._approvals.get(call_id)
+        try:
+            await self._conversation.approve(call_id, approved, reason)
+        finally:
+            self._approvals.pop(call_id, None)  # decided, here or elsewhere
+        name = f"{pending.tool_name} ({call_id})" if pending else call_id
+        if approved:
+            self._say(f"✓ approved {name}", "green")
+        else:
+            self._say(f"✗ rejected {name}{f': {reason}' if reason else ''}", "yellow")
+
     # --- helpers ------------------------------------------------------------------
 
     async def _state(self) -> SessionState:
-        return await self._handle.query("state", result_type=SessionState)
+        return await self._conversation.state()
 
     async def _is_running(self) -> bool:
-        return (await self._state()).status == "running"
+        return (await self._state()).status in _BUSY
 
     def _say(self, text: str, style: str = "dim") -> None:
         """A line of the chat's own, above the prompt and above any line
         still streaming (which goes on undisturbed below it)."""
         self._notes.print(Text(text, style=style))
+
+
+def _message_text(message: AgentMessage) -> str:
+    content = getattr(message, "content", "")
+    if isinstance(content, str):
+        return content
+    return " ".join(getattr(block, "text", "") for block in content if getattr(block, "text", ""))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _describe(state: SessionState) -> str:
+    """``/state``: the session, the settings in force, queues, approvals, usage."""
+    tools = ", ".join(state.tools or []) or "(none)"
+    lines = [
+        f"{state.status} · streaming: {'yes' if state.is_streaming else 'no'}"
+        f" · {_count(state.turns, 'turn')} in {_count(state.runs, 'run')}"
+        f" · {_count(state.message_count, 'message')}",
+        f"model: {state.model} · thinking: {state.thinking_level} · tools: {tools} ({state.tool_execution})",
+        f"system prompt: {state.system_prompt or '(none)'}",
+        f"queued: {state.steering_queue} steering ({state.steering_mode}),"
+        f" {state.follow_up_queue} follow-up ({state.follow_up_mode})",
+    ]
+    for approval in state.pending_approvals:
+        lines.append(f"waiting for approval: {approval.tool_name} · call {approval.tool_call_id}")
+    limits = [
+        text
+        for value, text in (
+            (state.max_turns, f"{state.max_turns} turns a run"),
+            (state.max_total_tokens, f"{state.max_total_tokens} tokens"),
+            (state.max_cost, f"${state.max_cost}"),
+            (state.approval_timeout_seconds, f"approvals time out after {state.approval_timeout_seconds} s"),
+        )
+        if value is not None
+    ]
+    if limits:
+        lines.append("limits: " + " · ".join(limits))
+    lines.append(f"usage: {state.usage.total_tokens:,} tokens · ${state.usage.cost.total:.4f}")
+    if state.error_message:
+        lines.append(f"last error: {state.error_message}")
+    return "\n".join(lines)

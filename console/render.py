@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.text import Text
 
 ARGS_CHARS = 120
+APPROVAL_ARGS_CHARS = 2000
 RESULT_LINES = 8
 
 _THINKING = "dim italic"
@@ -168,6 +169,21 @@ class EventRenderer:
         text = _result_text(event.get("partialResult")).strip()
         if text:
             self._note(f"  ⋯ {_shorten(text.splitlines()[0], self._max_result_chars)}")
+
+    def _on_tool_approval_request(self, event: dict[str, Any]) -> None:
+        """A call waits for a person, who decides on its arguments: show
+        them whole (up to a limit), with the reason and the call id."""
+        args = event.get("args")
+        if isinstance(args, dict):
+            text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+        else:
+            text = json.dumps(args, ensure_ascii=False, default=str)
+        line = Text(f"⏸ approval needed: {event.get('toolName', '?')}({_shorten(text, APPROVAL_ARGS_CHARS)})")
+        line.stylize(_WARNING)
+        line.append(
+            f"\n  {event.get('reason') or 'This tool call needs approval'} · call {event.get('toolCallId')}"
+        )
+        self._line(line)
 
     def _on_tool_execution_end(self, event: dict[str, Any]) -> None:
         self._result(event.get("toolName", "?"), event.get("result"), bool(event.get("isError")))

@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 from rich.console import Console
-from temporalio.client import Client
+from rich.text import Text
 
-from client import follow
+from client import Conversation
 from console.render import EventRenderer, json_line
 
 
-async def watch(client: Client, workflow_id: str, *, as_json: bool, from_offset: int = 0) -> None:
+async def watch(conversation: Conversation, *, as_json: bool, from_offset: int = 0) -> None:
     """Print events from ``from_offset`` until the workflow completes (or
     Ctrl-C): rendered, or as one JSON object per line with its ``offset``."""
     console = Console()
     renderer = EventRenderer(console)
-    async for offset, event in follow(client, workflow_id, from_offset):
+    async for offset, event in conversation.events(from_offset):
         if as_json:
             print(json_line({"offset": offset, **event}), flush=True)
         else:
             renderer.render(event)
+            if event.get("type") == "tool_approval_request":
+                console.print(approval_hint(conversation.id, event.get("toolCallId", "")))
     if not as_json:
         renderer.end_line()
         console.print("The conversation has ended.", style="dim")
+
+
+def approval_hint(conversation_id: str, call_id: str) -> Text:
+    """How to decide a waiting call from another terminal (printed by watch and run)."""
+    return Text(
+        f"  decide: python starter.py approve {conversation_id} {call_id} [--reject]",
+        style="dim",
+    )

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,13 @@ from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
+from client import Conversation
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
 from testbed.local_stack import DevServer
-from tests.support.stack import Stack
-from workflows.models import EVENTS_TOPIC
+from tests.support.stack import EventLog, Stack
+from workflows.contract import SessionState
+from workflows.models import EVENTS_TOPIC, AgentMessage, ToolResultMessage, UserMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 20
@@ -72,7 +75,7 @@ def streamed_run(*updates: dict[str, Any], final: dict[str, Any]) -> list[dict[s
 
 def render(events: list[dict[str, Any]], **console: Any) -> str:
     out = io.StringIO()
-    renderer = EventRenderer(Console(file=out, width=100, **{"force_terminal": False, **console}))
+    renderer = EventRenderer(Console(file=out, **{"width": 100, "force_terminal": False, **console}))
     for event in events:
         renderer.render(event)
     return out.getvalue()
@@ -157,6 +160,36 @@ def test_renderer_shows_tool_calls_progress_and_error_results() -> None:
         "  ⋯ step 1/4",
         "  ✗ slow: Tool execution aborted",
     ]
+
+
+def test_renderer_shows_an_approval_request_whole_and_a_rejection_as_an_error() -> None:
+    long = "x" * 200  # longer than a tool call's line: the person decides on all of it
+    events: list[dict[str, Any]] = [
+        {"type": "tool_execution_start", "toolCallId": "c1", "toolName": "shell", "args": {"cmd": long}},
+        {
+            "type": "tool_approval_request",
+            "toolCallId": "c1",
+            "toolName": "shell",
+            "args": {"cmd": long},
+            "reason": "shell commands need approval",
+        },
+        {
+            "type": "tool_execution_end",
+            "toolCallId": "c1",
+            "toolName": "shell",
+            "result": {"content": [{"type": "text", "text": "Tool call shell was rejected: not now"}]},
+            "isError": True,
+        },
+    ]
+
+    lines = render(events, width=400).splitlines()
+
+    assert lines[1:] == [
+        f'⏸ approval needed: shell(cmd="{long}")',
+        "  shell commands need approval · call c1",
+        "  ✗ shell: Tool call shell was rejected: not now",
+    ]
+    assert lines[0].endswith("…)")
 
 
 def injected_run(queue: str | None) -> list[dict[str, Any]]:
@@ -252,6 +285,12 @@ def client_env(dev_server: DevServer) -> dict[str, str]:
 
 async def starter(dev_server: DevServer, *args: str) -> tuple[int, str]:
     """Run ``starter.py`` to the end; its exit code and stdout."""
+    code, stdout, _ = await starter_with_stderr(dev_server, *args)
+    return code, stdout
+
+
+async def starter_with_stderr(dev_server: DevServer, *args: str) -> tuple[int, str, str]:
+    """Run ``starter.py`` to the end; its exit code, stdout and stderr."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "starter.py",
@@ -259,11 +298,11 @@ async def starter(dev_server: DevServer, *args: str) -> tuple[int, str]:
         cwd=ROOT,
         env=client_env(dev_server),
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
-    stdout, _ = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode is not None
-    return process.returncode, stdout.decode()
+    return process.returncode, stdout.decode(), stderr.decode()
 
 
 async def test_watch_json_prints_one_event_per_line_like_a_subscriber(stack: Stack) -> None:
@@ -420,3 +459,352 @@ async def test_chat_with_a_new_id_starts_that_conversation(stack: Stack) -> None
 
     state = await stack.state(stack.client.get_workflow_handle(workflow_id))
     assert (state.model, state.message_count) == (stack.model, 2)
+
+
+def guarded(call_id: str, text: str) -> dict[str, Any]:
+    return {"id": call_id, "name": "guarded_echo", "arguments": {"text": text}}
+
+
+def user_texts(messages: list[AgentMessage]) -> list[str]:
+    return [m.content for m in messages if isinstance(m, UserMessage) and isinstance(m.content, str)]
+
+
+def tool_results(messages: list[AgentMessage]) -> dict[str, tuple[bool, str]]:
+    """Tool call id -> (is error, text) of each tool result."""
+    return {
+        m.tool_call_id: (m.is_error, " ".join(getattr(c, "text", "") for c in m.content))
+        for m in messages
+        if isinstance(m, ToolResultMessage)
+    }
+
+
+async def test_chat_y_approves_the_oldest_call_and_n_rejects_it_with_a_reason(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [guarded("call_a", "hello"), guarded("call_b", "rm -rf /")]}, {"text": "decided"}
+    )
+    child, workflow_id = await start_chat(stack)
+
+    child.send("echo twice\r")
+    await expect(child, '⏸ approval needed: guarded_echo(text="rm -rf /"')
+    await expect(child, "approve guarded_echo (call_a, +1 more)? y/n")
+    child.send("/state\r")
+    await expect(child, "awaiting-approval · streaming: yes")
+    await expect(child, "waiting for approval: guarded_echo · call call_b")
+    child.send("y\r")
+    await expect(child, "✓ approved guarded_echo (call_a)")
+    await expect(child, "approve guarded_echo (call_b)? y/n")
+    child.send("n not on my machine\r")
+    await expect(child, "Tool call guarded_echo was rejected: not on my machine")
+    await expect(child, "decided")
+    await leave(child, workflow_id)
+
+    messages = await Conversation.attach(stack.client, workflow_id).messages()
+    assert user_texts(messages) == ["echo twice"]  # y and n decided, they were not sent as steering
+    results = tool_results(messages)
+    assert results["call_a"] == (False, "approved: hello")
+    assert results["call_b"][0] and "not on my machine" in results["call_b"][1]
+
+
+async def test_chat_attached_later_lists_waiting_calls_and_decides_them_by_id(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [guarded("call_a", "first"), guarded("call_b", "second")]}, {"text": "both decided"}
+    )
+    conversation = await stack.conversation()
+    log = EventLog(stack.client, conversation.id)
+    await conversation.prompt("echo twice", wait=False)
+    await log.wait_for_type("tool_approval_request", 2)
+    log.close()
+    child, _ = spawn_chat(stack.dev_server, "--id", conversation.id)
+
+    await expect(child, '⏸ approval needed: guarded_echo(text="first"')
+    await expect(child, '⏸ approval needed: guarded_echo(text="second"')
+    child.send("/reject call_b wrong file\r")
+    await expect(child, "✗ rejected guarded_echo (call_b): wrong file")
+    child.send("/approve\r")  # the oldest still waiting
+    await expect(child, "✓ approved guarded_echo (call_a)")
+    await expect(child, "both decided")
+    await leave(child, conversation.id)
+
+    results = tool_results((await conversation.wait_for_idle()).messages)
+    assert results["call_a"] == (False, "approved: first")
+    assert results["call_b"][0] and "wrong file" in results["call_b"][1]
+
+
+async def test_chat_settings_commands_apply_to_the_next_model_call(stack: Stack) -> None:
+    other = f"{stack.model}-other"
+    stack.model_server.script(other, [{"text": "configured answer"}])
+    child, workflow_id = await start_chat(stack)
+    conversation = Conversation.attach(stack.client, workflow_id)
+
+    child.send(f"/model {other}\r")
+    await expect(child, f"model: {other} (from the next model call)")
+    child.send("/system Answer like a pirate.\r")
+    await expect(child, "system prompt changed")
+    child.send("/thinking extreme\r")
+    await expect(child, "✗ The settings are invalid (thinkingLevel: Input should be 'off'")
+    child.send("/thinking high\r")
+    await expect(child, "thinking: high (from the next model call)")
+    await until_state(conversation, lambda state: bool(state.tools))  # the worker's tools are recorded
+    child.send("/tools echo,calculator\r")
+    await expect(child, "tools: echo, calculator (from the next model call)")
+    child.send("/state\r")
+    await expect(child, f"model: {other} · thinking: high · tools: echo, calculator (parallel)")
+    await expect(child, "system prompt: Answer like a pirate.")
+    child.send("ahoy\r")
+    await expect(child, "configured answer")
+    await leave(child, workflow_id)
+
+    (request,) = stack.model_server.requests(other)
+    assert request["messages"][0] == {"role": "system", "content": "Answer like a pirate."}
+    assert request["reasoning_effort"] == "high"
+    assert sorted(tool["function"]["name"] for tool in request["tools"]) == ["calculator", "echo"]
+    assert stack.requests() == []
+
+
+async def test_chat_clear_takes_queued_messages_back_into_the_input_line(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 6}}]},
+        {"text": "got the edited steer"},
+    )
+    child, workflow_id = await start_chat(stack)
+    conversation = Conversation.attach(stack.client, workflow_id)
+
+    child.send("run the slow tool\r")
+    await expect(child, "⚙ slow(seconds=6)")
+    child.send("steer one\r")
+    await expect(child, "» steering: steer one")
+    child.send("/followup later one\r")
+    await expect(child, "» follow-up queued: later one")
+    child.send("/clear\r")
+    await expect(child, "took 2 queued messages back into the input line")
+    cleared = await conversation.state()
+    child.send(" (edited)\r")  # the cursor is at the end of the restored text
+    await expect(child, "» steer: steer one")
+    await expect(child, "got the edited steer")
+    await leave(child, workflow_id)
+
+    assert (cleared.steering_queue, cleared.follow_up_queue) == (0, 0)
+    messages = await conversation.messages()
+    assert user_texts(messages) == ["run the slow tool", "steer one later one (edited)"]
+
+
+async def test_chat_reset_is_refused_during_a_run_and_clears_the_conversation_after(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 3}}]}, {"text": "done"}
+    )
+    child, workflow_id = await start_chat(stack)
+
+    child.send("run the slow tool\r")
+    await expect(child, "⚙ slow(seconds=3)")
+    child.send("/reset\r")
+    await expect(child, "✗ A run is active: abort it (or wait for it to end) before reset.")
+    await expect(child, "· 2 turns")
+    child.send("/reset\r")
+    await expect(child, "The conversation was reset")
+    child.send("/state\r")
+    await expect(child, "idle · streaming: no · 0 turns in 0 runs · 0 messages")
+    await leave(child, workflow_id)
+
+    state = await Conversation.attach(stack.client, workflow_id).state()
+    assert (state.message_count, state.runs, state.usage.total_tokens) == (0, 0, 0)
+
+
+async def until_state(conversation: Conversation, check: Callable[[SessionState], bool]) -> None:
+    for _ in range(200):
+        if check(await conversation.state()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the state never got there")
+
+
+# --- the starter's commands for pi's Agent API ---------------------------------------------------
+
+
+async def test_starter_prompt_wait_streams_the_run_and_exits_by_how_it_ended(stack: Stack) -> None:
+    stack.script({"text": "waited for"}, {"fault": {"kind": "400", "message": "bad request body"}})
+    conversation = await stack.conversation()
+
+    ok = await starter(stack.dev_server, "prompt", conversation.id, "first", "--wait")
+    failed = await starter(stack.dev_server, "prompt", conversation.id, "second", "--wait")
+
+    assert (ok[0], ok[1].count("waited for")) == (0, 1)
+    assert "» first" in ok[1] and "· 1 turn" in ok[1]
+    assert failed[0] == 1 and "bad request body" in failed[1]
+    assert "waited for" not in failed[1]  # only this run's events
+
+
+async def test_starter_configure_prints_the_settings_in_force(stack: Stack) -> None:
+    conversation = await stack.conversation()
+    await until_state(conversation, lambda state: bool(state.tools))
+
+    code, stdout = await starter(
+        stack.dev_server,
+        "configure",
+        conversation.id,
+        "--model",
+        "another-model",
+        "--system",
+        "Be brief.",
+        "--thinking",
+        "low",
+        "--tools",
+        "echo",
+        "--steering-mode",
+        "all",
+        "--max-turns",
+        "5",
+    )
+
+    assert code == 0
+    in_force = json.loads(stdout)
+    assert {
+        k: in_force[k]
+        for k in ("model", "systemPrompt", "thinkingLevel", "tools", "steeringMode", "maxTurns")
+    } == {
+        "model": "another-model",
+        "systemPrompt": "Be brief.",
+        "thinkingLevel": "low",
+        "tools": ["echo"],
+        "steeringMode": "all",
+        "maxTurns": 5,
+    }
+    state = await conversation.state()
+    assert (state.model, state.steering_mode, state.max_turns) == ("another-model", "all", 5)
+
+
+async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Stack) -> None:
+    stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 30}}]})
+    conversation = await stack.conversation()
+    log = EventLog(stack.client, conversation.id)
+    await conversation.prompt("work", wait=False)
+    await log.wait_for_type("tool_execution_start")
+    log.close()
+    await conversation.follow_up("later")
+    await until_state(conversation, lambda state: state.follow_up_queue == 1)
+    await conversation.steer("now")
+    await until_state(conversation, lambda state: state.steering_queue == 1)
+
+    steering = await starter(stack.dev_server, "clear", conversation.id, "steering")
+    rest = await starter(stack.dev_server, "clear", conversation.id)
+    state = await conversation.state()
+    await conversation.abort()
+    await conversation.wait_for_idle()
+
+    assert steering[0] == rest[0] == 0
+    assert [m["content"] for m in json.loads(steering[1])] == ["now"]
+    assert [(m["role"], m["content"]) for m in json.loads(rest[1])] == [("user", "later")]
+    assert (state.is_streaming, state.steering_queue, state.follow_up_queue) == (True, 0, 0)
+
+
+async def test_starter_approve_and_reject_decide_waiting_calls(stack: Stack) -> None:
+    stack.script({"tool_calls": [guarded("call_a", "yes"), guarded("call_b", "no")]}, {"text": "done"})
+    conversation = await stack.conversation()
+    log = EventLog(stack.client, conversation.id)
+    waiting = asyncio.create_task(starter(stack.dev_server, "prompt", conversation.id, "go", "--wait"))
+    await log.wait_for_type("tool_approval_request", 2)
+    log.close()
+
+    approved = await starter(stack.dev_server, "approve", conversation.id, "call_a")
+    rejected = await starter(
+        stack.dev_server, "approve", conversation.id, "call_b", "--reject", "--reason", "not today"
+    )
+    again = await starter_with_stderr(stack.dev_server, "approve", conversation.id, "call_b")
+
+    assert approved == (0, "approved call_a\n")
+    assert rejected == (0, "rejected call_b\n")
+    assert again == (2, "", "error: No tool call 'call_b' is waiting for approval.\n")
+    code, streamed = await waiting
+    assert code == 0
+    assert f"decide: python starter.py approve {conversation.id} call_b" in streamed
+    assert "rejected: not today" in streamed and "done" in streamed
+    results = tool_results((await conversation.wait_for_idle()).messages)
+    assert results["call_a"] == (False, "approved: yes")
+    assert results["call_b"][0] and "not today" in results["call_b"][1]
+
+
+async def test_starter_wait_reset_and_fork(stack: Stack) -> None:
+    stack.script({"text": "one"}, {"text": "two"}, {"text": "forked two"})
+    conversation = await stack.conversation()
+    await conversation.prompt("first")
+    await conversation.prompt("second", wait=False)
+
+    waited = await starter(stack.dev_server, "wait", conversation.id)
+    forked = await starter(
+        stack.dev_server, "fork", conversation.id, "--at", "2", "--id", f"{conversation.id}-f"
+    )
+    reset = await starter(stack.dev_server, "reset", conversation.id)
+
+    assert waited == (0, '{"runs": 2, "stopReason": "stop"}\n')
+    assert forked == (0, f"{conversation.id}-f\n")
+    assert reset[0] == 0 and (await conversation.state()).message_count == 0
+    fork = Conversation.attach(stack.client, f"{conversation.id}-f")
+    assert user_texts(await fork.prompt("second, again")) == ["second, again"]
+    assert user_texts(await fork.messages()) == ["first", "second, again"]
+    await fork.close()
+
+
+async def test_starter_errors_are_one_line_on_stderr_with_exit_2(stack: Stack) -> None:
+    stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 60}}]})
+    conversation = await stack.conversation()
+    await conversation.prompt("work", wait=False)
+    missing = f"missing-{uuid.uuid4().hex[:6]}"
+
+    cases = {
+        (
+            "prompt",
+            conversation.id,
+            "more",
+        ): "error: A run is already active: send `steer` or `follow_up` instead",
+        ("reset", conversation.id): "error: A run is active: abort it (or wait for it to end) before reset.",
+        ("configure", conversation.id): "error: Name at least one setting to change, e.g. --model",
+        ("configure", conversation.id, "--model", ""): "error: The settings are invalid (model: ",
+        ("fork", conversation.id, "--at", "9"): "error: The transcript has ",
+        (
+            "start",
+            "--id",
+            conversation.id,
+        ): f"error: A conversation with the id {conversation.id} exists already",
+        ("state", missing): f"error: No conversation has the id {missing}: check it, or start one",
+        ("steer", missing, "hi"): f"error: No conversation has the id {missing}",
+    }
+    outcomes = {args: await starter_with_stderr(stack.dev_server, *args) for args in cases}
+    still_running = (await conversation.state()).is_streaming
+    await conversation.abort()
+    await conversation.wait_for_idle()
+
+    assert still_running  # every refusal above met an active run
+
+    for args, start in cases.items():
+        code, stdout, stderr = outcomes[args]
+        assert (code, stdout) == (2, ""), args
+        assert stderr.startswith(start) and stderr.count("\n") == 1, (args, stderr)
+
+
+async def test_starter_list_shows_conversations_by_status_and_model(stack: Stack) -> None:
+    idle = await stack.conversation()
+    stack.script({"tool_calls": [guarded("call_g", "wait for me")]}, {"text": "done"})
+    waiting = await stack.conversation()
+    log = EventLog(stack.client, waiting.id)
+    await waiting.prompt("ask", wait=False)
+    await log.wait_for_type("tool_approval_request")
+    log.close()
+
+    async def listed(*filters: str) -> dict[str, str]:
+        """id -> its line, once both conversations are listed as expected (visibility lags)."""
+        lines: dict[str, str] = {}
+        for _ in range(30):
+            code, stdout = await starter(stack.dev_server, "list", "--model", stack.model, *filters)
+            assert code == 0
+            lines = {line.split()[0]: line for line in stdout.splitlines()}
+            if waiting.id in lines and "awaiting-approval" in lines[waiting.id]:
+                break
+            await asyncio.sleep(0.3)
+        return lines
+
+    everything = await listed()
+    only_waiting = await listed("--status", "awaiting-approval")
+    await waiting.abort()
+
+    assert set(everything) == {idle.id, waiting.id}
+    assert everything[idle.id].split()[1:3] == ["idle", stack.model]
+    assert set(only_waiting) == {waiting.id}

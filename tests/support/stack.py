@@ -9,7 +9,8 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from client import follow, start_conversation
+from client import Conversation, follow, start_conversation
+from runtime.settings import Settings
 from testbed.local_stack import DevServer
 from testbed.scripted_model import ScriptedModelServer
 from workflows.contract import SessionState
@@ -40,6 +41,13 @@ class Stack:
             workflow_id,
             {"model": self.model, **input},
             task_queue=self.task_queue,
+        )
+
+    async def conversation(self, **options: Any) -> Conversation:
+        """Start a ``Conversation`` with this stack's model; snake_case options."""
+        settings = Settings.from_env(task_queue=self.task_queue)
+        return await Conversation.start(
+            self.client, settings, id=f"test-{uuid.uuid4().hex[:10]}", **{"model": self.model, **options}
         )
 
     async def run_bulky_tools(self, *sizes_kib: int) -> tuple[WorkflowHandle[Any, Any], list[str]]:

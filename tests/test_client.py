@@ -1,0 +1,387 @@
+"""``Conversation``: pi's ``Agent`` API (SPEC §8-9) through the typed client,
+against the dev server, the shared worker and the scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from client import Conversation, ConversationNotFound, Refused
+from tests.support.stack import EventLog, Stack
+from workflows.models import AgentMessage, AssistantMessage, ToolResultMessage, UserMessage
+
+
+def texts(messages: list[AgentMessage]) -> list[str]:
+    """``role: text`` of each message, comparable at a glance."""
+    out = []
+    for m in messages:
+        if isinstance(m, UserMessage):
+            out.append(f"user: {m.content if isinstance(m.content, str) else m.content[0].text}")  # type: ignore[union-attr]
+        elif isinstance(m, AssistantMessage):
+            calls = f"[{','.join(c.name for c in m.tool_calls)}]" if m.tool_calls else ""
+            out.append(" ".join(part for part in ("assistant:", m.text, calls) if part))
+        elif isinstance(m, ToolResultMessage):
+            out.append(f"toolResult: {m.content[0].text if m.content else ''}")  # type: ignore[union-attr]
+    return out
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 20) -> None:
+    """Poll ``check`` until it holds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def has_tools(chat: Conversation) -> bool:
+    return bool((await chat.state()).tools)
+
+
+def slow_tool(seconds: float = 2, call_id: str = "call_slow") -> dict[str, Any]:
+    return {"tool_calls": [{"id": call_id, "name": "slow", "arguments": {"seconds": seconds}}]}
+
+
+# --- prompt and wait ----------------------------------------------------------------
+
+
+async def test_prompt_with_a_list_adds_every_message_before_the_first_model_call(stack: Stack) -> None:
+    stack.script({"text": "both read"})
+    chat = await stack.conversation()
+
+    new = await chat.prompt(["first part", {"role": "user", "content": "second part"}])
+
+    assert texts(new) == ["user: first part", "user: second part", "assistant: both read"]
+    (request,) = stack.requests()
+    assert [m["content"] for m in request["messages"] if m["role"] == "user"] == ["first part", "second part"]
+
+
+async def test_prompt_returns_only_the_new_messages_of_its_own_run(stack: Stack) -> None:
+    stack.script({"text": "one"}, {"text": "two"})
+    chat = await stack.conversation()
+    await chat.prompt("first")
+
+    new = await chat.prompt("second")
+
+    assert texts(new) == ["user: second", "assistant: two"]
+    assert len(await chat.messages()) == 4
+
+
+async def test_prompt_while_a_run_is_active_is_refused_with_one_sentence(stack: Stack) -> None:
+    stack.script(slow_tool(), {"text": "done"})
+    chat = await stack.conversation()
+    await chat.prompt("work", wait=False)
+
+    with pytest.raises(Refused, match=r"^A run is already active: send `steer` or `follow_up` instead"):
+        await chat.prompt("more")
+
+    assert (await chat.wait_for_idle()).stop_reason == "stop"
+
+
+# --- configure -------------------------------------------------------------------------
+
+
+async def test_configure_applies_model_and_system_prompt_from_the_next_call(stack: Stack) -> None:
+    other = f"{stack.model}-other"
+    stack.script({"text": "from the first model"})
+    stack.model_server.script(other, [{"text": "from the other model"}])
+    chat = await stack.conversation()
+    await chat.prompt("hi")
+
+    settings = await chat.configure(model=other, system_prompt="Answer in French.", thinking_level="low")
+    new = await chat.prompt("again")
+
+    assert (settings.model, settings.system_prompt, settings.thinking_level) == (
+        other,
+        "Answer in French.",
+        "low",
+    )
+    assert texts(new)[-1] == "assistant: from the other model"
+    (request,) = stack.model_server.requests(other)
+    assert request["messages"][0] == {"role": "system", "content": "Answer in French."}
+    assert request["reasoning_effort"] == "low"
+    assert "system" not in [m["role"] for m in stack.requests()[0]["messages"]]
+    state = await chat.state()
+    assert (state.model, state.system_prompt, state.thinking_level) == (other, "Answer in French.", "low")
+
+
+async def test_configure_tools_limits_what_the_model_is_offered(stack: Stack) -> None:
+    stack.script({"text": "ok"})
+    chat = await stack.conversation()
+    # The worker's tools are recorded by the conversation's first activity;
+    # until then a tools setting is refused (reported to the workflow's owners).
+    await until(lambda: has_tools(chat))
+
+    settings = await chat.configure(tools=["echo", "calculator"])
+    await chat.prompt("hi")
+
+    assert settings.tools == ["echo", "calculator"]
+    offered = sorted(tool["function"]["name"] for tool in stack.requests()[0]["tools"])
+    assert offered == ["calculator", "echo"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "sentence"),
+    [
+        (
+            {"tools": ["no_such_tool"]},
+            r"^Unknown tool\(s\) no_such_tool: this conversation's worker declared",
+        ),
+        ({"model": ""}, r"^The settings are invalid \(model: "),
+        ({"thinking_level": "extreme"}, r"^The settings are invalid \(thinkingLevel: "),
+    ],
+)
+async def test_configure_refuses_a_bad_setting_with_one_sentence(
+    stack: Stack, setting: dict[str, Any], sentence: str
+) -> None:
+    chat = await stack.conversation()
+
+    with pytest.raises(Refused, match=sentence) as refused:
+        await chat.configure(**setting)
+
+    assert "\n" not in str(refused.value)
+    assert (await chat.state()).model == stack.model
+
+
+# --- queues ----------------------------------------------------------------------------
+
+
+async def queue_during_a_tool(stack: Stack, chat: Conversation, *sends: tuple[str, str]) -> None:
+    """Start a run that waits on a slow tool, then queue each ``(queue, text)``
+    in its own workflow task (each message gets its own timestamp)."""
+    log = EventLog(stack.client, chat.id)
+    await chat.prompt("work", wait=False)
+    await log.wait_for_type("tool_execution_start")
+    log.close()
+    for count, (queue, text) in enumerate(sends, 1):
+        await (chat.steer(text) if queue == "steering" else chat.follow_up(text))
+
+        async def queued(count: int = count) -> bool:
+            state = await chat.state()
+            return state.steering_queue + state.follow_up_queue == count
+
+        await until(queued)
+        await asyncio.sleep(0.01)
+
+
+async def test_clear_queues_returns_the_removed_messages_oldest_first(stack: Stack) -> None:
+    stack.script(slow_tool(5), {"text": "nothing was injected"})
+    chat = await stack.conversation()
+    await queue_during_a_tool(
+        stack, chat, ("steering", "steer one"), ("followUp", "follow one"), ("steering", "steer two")
+    )
+
+    steering = await chat.clear_queues("steering")
+    rest = await chat.clear_queues("all")
+    idle = await chat.wait_for_idle()
+
+    assert texts(steering) == ["user: steer one", "user: steer two"]
+    assert texts(rest) == ["user: follow one"]
+    assert texts(idle.messages) == [
+        "user: work",
+        "assistant: [slow]",
+        "toolResult: slept 5.0s",
+        "assistant: nothing was injected",
+    ]
+
+
+async def test_clear_queues_all_interleaves_both_queues_by_age(stack: Stack) -> None:
+    stack.script(slow_tool(5), {"text": "done"})
+    chat = await stack.conversation()
+    await queue_during_a_tool(
+        stack, chat, ("steering", "steer one"), ("followUp", "follow one"), ("steering", "steer two")
+    )
+
+    removed = await chat.clear_queues()
+    await chat.wait_for_idle()
+
+    assert texts(removed) == ["user: steer one", "user: follow one", "user: steer two"]
+    state = await chat.state()
+    assert (state.steering_queue, state.follow_up_queue, state.runs) == (0, 0, 1)
+
+
+# --- reset, wait_for_idle, state ---------------------------------------------------------
+
+
+async def test_reset_clears_transcript_usage_and_counters(stack: Stack) -> None:
+    stack.script({"text": "before"}, {"text": "after the reset"})
+    chat = await stack.conversation()
+    await chat.prompt("hi")
+
+    state = await chat.reset()
+    new = await chat.prompt("again")
+
+    assert (state.message_count, state.turns, state.runs, state.usage.total_tokens) == (0, 0, 0, 0)
+    assert (state.error_message, state.model) == (None, stack.model)
+    assert texts(await chat.messages()) == texts(new) == ["user: again", "assistant: after the reset"]
+    assert (await chat.state()).runs == 1
+
+
+async def test_reset_is_refused_while_a_run_is_active(stack: Stack) -> None:
+    stack.script(slow_tool(), {"text": "done"})
+    chat = await stack.conversation()
+    await chat.prompt("work", wait=False)
+
+    with pytest.raises(
+        Refused, match=r"^A run is active: abort it \(or wait for it to end\) before reset\.$"
+    ):
+        await chat.reset()
+
+    assert len((await chat.wait_for_idle()).messages) == 4
+
+
+async def test_wait_for_idle_returns_runs_stop_reason_and_the_last_runs_messages(stack: Stack) -> None:
+    stack.script({"text": "first"}, slow_tool(1), {"text": "second"})
+    chat = await stack.conversation()
+    idle_before = await chat.wait_for_idle()
+    await chat.prompt("one")
+    await chat.prompt("two", wait=False)
+
+    idle = await chat.wait_for_idle()
+
+    assert (idle_before.runs, idle_before.stop_reason, idle_before.messages) == (0, None, [])
+    assert (idle.runs, idle.stop_reason) == (2, "stop")
+    assert texts(idle.messages) == [
+        "user: two",
+        "assistant: [slow]",
+        "toolResult: slept 1.0s",
+        "assistant: second",
+    ]
+
+
+async def test_is_streaming_spans_the_run_and_streaming_message_the_model_stream(stack: Stack) -> None:
+    answer = "a slowly streamed answer, " * 4
+    stack.script(slow_tool(1.5), {"text": answer, "chunk_chars": 4, "delay_ms": 60})
+    chat = await stack.conversation()
+    log = EventLog(stack.client, chat.id)
+    await chat.prompt("go", wait=False)
+
+    await log.wait_for_type("tool_execution_start")
+    during_tools = await chat.state()
+    await log.wait_until(
+        lambda events: any(
+            e["type"] == "message_update" and e["assistantMessageEvent"]["type"] == "text_delta"
+            for e in events
+        )
+    )
+    while_streaming = await chat.state()
+    await chat.wait_for_idle()
+    after = await chat.state()
+    log.close()
+
+    assert (during_tools.is_streaming, during_tools.streaming_message) == (True, None)
+    assert during_tools.pending_tool_calls == ["call_slow"]
+    assert while_streaming.is_streaming
+    assert while_streaming.streaming_message is not None
+    assert answer.startswith(while_streaming.streaming_message.text)
+    assert 0 < len(while_streaming.streaming_message.text) < len(answer)
+    assert (after.is_streaming, after.streaming_message, after.status) == (False, None, "idle")
+
+
+async def test_an_aborted_run_sets_error_message(stack: Stack) -> None:
+    stack.script(slow_tool(3), {"text": "never"})
+    chat = await stack.conversation()
+    log = EventLog(stack.client, chat.id)
+    await chat.prompt("go", wait=False)
+    await log.wait_for_type("tool_execution_start")
+    log.close()
+
+    await chat.abort()
+    idle = await chat.wait_for_idle()
+    state = await chat.state()
+
+    assert idle.stop_reason == "aborted"
+    assert state.error_message
+    assert not state.is_streaming
+
+
+# --- fork -------------------------------------------------------------------------------
+
+
+async def test_fork_starts_from_the_first_n_messages_and_takes_a_prompt(stack: Stack) -> None:
+    stack.script(
+        {"text": "the first answer"}, {"text": "the second answer"}, {"text": "another second answer"}
+    )
+    chat = await stack.conversation(system_prompt="Be brief.")
+    await chat.prompt("question one")
+    await chat.prompt("question two")
+
+    fork = await chat.fork(at=2)
+    forked_before = texts(await fork.messages())
+    new = await fork.prompt("question two, asked differently")
+
+    assert forked_before == ["user: question one", "assistant: the first answer"]
+    assert texts(new) == ["user: question two, asked differently", "assistant: another second answer"]
+    state = await fork.state()
+    assert (state.model, state.system_prompt, state.message_count) == (stack.model, "Be brief.", 4)
+    assert len(await chat.messages()) == 4  # the original is untouched
+    await fork.close()
+
+
+async def test_fork_refuses_a_point_between_tool_calls_and_their_results(stack: Stack) -> None:
+    stack.script(slow_tool(0.1), {"text": "done"})
+    chat = await stack.conversation()
+    await chat.prompt("work")
+
+    with pytest.raises(
+        Refused, match=r"^Message 2 calls tools whose results are messages 3 to 3: fork at 1 or at 3\.$"
+    ):
+        await chat.fork(at=2)
+    with pytest.raises(Refused, match=r"^The transcript has 4 messages: fork at 0 to 4\.$"):
+        await chat.fork(at=5)
+
+
+# --- approvals and refusals ------------------------------------------------------------------
+
+
+def guarded(call_id: str, text: str) -> dict[str, Any]:
+    return {"id": call_id, "name": "guarded_echo", "arguments": {"text": text}}
+
+
+async def test_approve_runs_the_call_and_reject_gives_the_model_the_reason(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [guarded("call_a", "yes please"), guarded("call_b", "rm -rf")]}, {"text": "ok"}
+    )
+    chat = await stack.conversation()
+    log = EventLog(stack.client, chat.id)
+    await chat.prompt("go", wait=False)
+    await log.wait_for_type("tool_approval_request", 2)
+    log.close()
+
+    state = await chat.state()
+    await chat.approve("call_a")
+    await chat.reject("call_b", "not on my machine")
+    idle = await chat.wait_for_idle()
+
+    assert state.status == "awaiting-approval"
+    assert [(a.tool_call_id, a.tool_name, a.args["text"]) for a in state.pending_approvals] == [
+        ("call_a", "guarded_echo", "yes please"),
+        ("call_b", "guarded_echo", "rm -rf"),
+    ]
+    results = {m.tool_call_id: m for m in idle.messages if isinstance(m, ToolResultMessage)}
+    assert texts([results["call_a"]]) == ["toolResult: approved: yes please"]
+    assert results["call_b"].is_error
+    assert "not on my machine" in texts([results["call_b"]])[0]
+    assert (await chat.state()).pending_approvals == []
+
+
+async def test_deciding_a_call_that_does_not_wait_is_refused(stack: Stack) -> None:
+    chat = await stack.conversation()
+
+    with pytest.raises(Refused, match=r"^No tool call 'call_x' is waiting for approval\.$"):
+        await chat.approve("call_x")
+
+
+async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
+    missing = Conversation.attach(stack.client, "test-no-such-conversation")
+    ended = await stack.conversation()
+    await ended.close()
+    await ended.result()
+
+    with pytest.raises(ConversationNotFound, match=r"^No conversation has the id test-no-such-conversation"):
+        await missing.state()
+    with pytest.raises(ConversationNotFound, match=rf"^Conversation {ended.id} has ended: start a new one"):
+        await ended.steer("anyone there?")
