@@ -480,6 +480,11 @@ class AgentWorkflow:
     async def configure(self, *args: Any) -> AgentSettings:
         """Change settings (model, system prompt, thinking level, tools, queue
         modes, limits); they apply from the next model call or queue poll."""
+        session = self._session
+        # Tool names are checked against the worker's declarations, recorded
+        # when the conversation starts: a configure right after the start waits for them.
+        if session.declared is None:
+            await workflow.wait_condition(lambda: session.declared is not None)
         try:
             patch, fields = self._parse_configure(args)
         except InputError as err:
@@ -512,7 +517,7 @@ class AgentWorkflow:
         except ValidationError as err:
             raise InputError(validation_text("The settings are invalid", err)) from None
         fields = {known[key] for key in payload}
-        if "tools" in fields:
+        if "tools" in fields and self._session.declared is not None:
             unknown_tools = self._session.unknown_tools(patch.tools)
             if unknown_tools:
                 declared = ", ".join(sorted(self._session.declared or {})) or "none"

@@ -92,6 +92,10 @@ class SessionCarry(WireModel):
 
     steering: list[AgentMessage] = Field(default_factory=list)
     follow_up: list[AgentMessage] = Field(default_factory=list)
+    steering_arrivals: list[int] = Field(default_factory=list)
+    follow_up_arrivals: list[int] = Field(default_factory=list)
+    arrivals: int = 0
+    """How many messages were ever queued (numbers the next arrival)."""
     total_turns: int = 0
     usage: Usage = Field(default_factory=Usage)
     runs: int = 0

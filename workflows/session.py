@@ -60,8 +60,9 @@ class Session:
         self.settings = settings
         self.messages = messages
         self.now_ms = now_ms
-        self.steering = MessageQueue(settings.steering_mode, carry.steering)
-        self.follow_up = MessageQueue(settings.follow_up_mode, carry.follow_up)
+        self.steering = MessageQueue(settings.steering_mode, carry.steering, carry.steering_arrivals)
+        self.follow_up = MessageQueue(settings.follow_up_mode, carry.follow_up, carry.follow_up_arrivals)
+        self.arrivals = carry.arrivals
         self.turns = TurnCounters(total=carry.total_turns)
         self.usage = carry.usage
         self.runs = carry.runs
@@ -208,7 +209,8 @@ class Session:
             )
 
     def enqueue(self, queue: MessageQueue, message: AgentMessage) -> None:
-        queue.push(message)
+        self.arrivals += 1
+        queue.push(message, self.arrivals)
         if not self.is_busy():
             # A message that arrives while idle starts a run, as continue() would.
             self.pending = PendingRun(from_continue=True)
@@ -237,13 +239,13 @@ class Session:
         return settings
 
     def clear_queues(self, which: QueueSelector) -> list[AgentMessage]:
-        removed: list[AgentMessage] = []
+        cleared: list[tuple[int, AgentMessage]] = []
         if which in ("steering", "all"):
-            removed += self.steering.clear()
+            cleared += self.steering.clear()
         if which in ("followUp", "all"):
-            removed += self.follow_up.clear()
-        # Oldest first across both queues (stable: each queue is in order).
-        removed.sort(key=lambda m: getattr(m, "timestamp", 0) or 0)
+            cleared += self.follow_up.clear()
+        cleared.sort(key=lambda pair: pair[0])  # in the order they arrived, across both queues
+        removed = [message for _, message in cleared]
         if (
             self.pending is not None
             and self.pending.from_continue
@@ -300,6 +302,9 @@ class Session:
         return SessionCarry(
             steering=self.steering.snapshot(),
             follow_up=self.follow_up.snapshot(),
+            steering_arrivals=self.steering.arrivals,
+            follow_up_arrivals=self.follow_up.arrivals,
+            arrivals=self.arrivals,
             total_turns=self.turns.total,
             usage=self.usage,
             runs=self.runs,
