@@ -2,12 +2,17 @@
 
 The model needs the whole transcript every turn, but the workflow history
 must not carry it every turn (that makes history grow with the square of the
-turns). So each message is stored once, under the sha256 of its JSON, in the
-same place as external payloads (``AGENT_STORAGE``); a *manifest* (the list
-of message digests) names a whole context. The workflow passes the last
-manifest's digest plus the messages added since; the activity rebuilds the
-context, stores the new messages and its answer, and returns the new
-manifest's digest. History per turn stays constant.
+turns). So the messages each model call adds are stored once, as one
+*segment* (a JSON list of messages) under the sha256 of its content, in the
+blob store beside the external payloads (``AGENT_STORAGE``); a *manifest*
+names a whole context (its segments, in order). The workflow passes the
+last manifest's digest plus the messages added since; the activity rebuilds
+the context, stores the new messages and its answer as one segment, and
+returns the new manifest's digest. History per turn stays constant, and a
+turn writes two blobs (each fsynced) whatever its number of messages.
+
+Manifests written before segments (a JSON list of per-message digests)
+are still read; the next save keeps those messages where they are.
 """
 
 from __future__ import annotations
@@ -15,64 +20,120 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from activities.blobs import BlobMissing, BlobStore, checked_digest, digest_of
 from workflows.models import AgentMessage, MessageAdapter
 
-_DIGESTS = TypeAdapter(list[str])
+_MESSAGES = TypeAdapter(list[Any])
 
 
 class ContextMissing(LookupError):
-    """A stored message or manifest is gone or unreadable (the workflow resends inline)."""
+    """A stored segment or manifest is gone or unreadable (the workflow resends inline)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a stored context is made of: per-message blobs (manifests of an
+    earlier version only), then segments."""
+
+    messages: tuple[str, ...] = ()
+    segments: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"messages": list(self.messages), "segments": list(self.segments)}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        value = json.loads(data)
+        if isinstance(value, list):  # before segments: one digest per message
+            return cls(messages=tuple(checked_digest(d) for d in value))
+        if not isinstance(value, dict):
+            raise ValueError("a manifest is a JSON object")
+        return cls(
+            messages=tuple(checked_digest(d) for d in value.get("messages", [])),
+            segments=tuple(checked_digest(d) for d in value.get("segments", [])),
+        )
 
 
 class ContextStore:
-    """Stores messages and manifests; caches what it read (content never changes)."""
+    """Stores segments and manifests; caches what it read or wrote (content never changes)."""
 
     def __init__(self, blobs: BlobStore, cache_size: int = 20_000) -> None:
         self._blobs = blobs
-        self._cache: OrderedDict[str, AgentMessage] = OrderedDict()
+        self._cache: OrderedDict[str, Any] = OrderedDict()  # digest -> message | list[message] | Manifest
         self._cache_size = cache_size
 
-    async def load(self, manifest: str) -> tuple[list[str], list[AgentMessage]]:
-        """The digests and messages a manifest names; ``ContextMissing`` if
-        any is gone or unreadable (a digest that is not one included)."""
+    async def load(self, manifest_digest: str) -> tuple[Manifest, list[AgentMessage]]:
+        """The manifest and the messages it names; ``ContextMissing`` if any
+        part is gone or unreadable (a digest that is not one included)."""
         try:
-            digests = [checked_digest(d) for d in _DIGESTS.validate_json(await self._blobs.get(manifest))]
-            messages = await asyncio.gather(*(self._message(d) for d in digests))
+            manifest = await self._manifest(checked_digest(manifest_digest))
+            singles, segments = await asyncio.gather(
+                asyncio.gather(*(self._message(d) for d in manifest.messages)),
+                asyncio.gather(*(self._segment(d) for d in manifest.segments)),
+            )
         except (BlobMissing, ValidationError, ValueError) as err:
-            raise ContextMissing(f"stored context {str(manifest)[:80]} cannot be read: {err}") from None
-        return digests, list(messages)
+            raise ContextMissing(
+                f"stored context {str(manifest_digest)[:80]} cannot be read: {err}"
+            ) from None
+        return manifest, [*singles, *(m for segment in segments for m in segment)]
+
+    async def save(self, manifest: Manifest, messages: list[AgentMessage]) -> str:
+        """Store ``messages`` as one segment after ``manifest``; the new manifest's digest."""
+        blobs: dict[str, bytes] = {}
+        segments = manifest.segments
+        if messages:
+            data = _MESSAGES.dump_json([MessageAdapter.dump_python(m, mode="json") for m in messages])
+            segment = digest_of(data)
+            if segment not in self._cache:
+                blobs[segment] = data
+                self._remember(segment, list(messages))
+            segments = (*segments, segment)
+        new = Manifest(manifest.messages, segments)
+        data = new.to_json()
+        digest = digest_of(data)
+        blobs[digest] = data
+        self._remember(digest, new)
+        await self._blobs.put_many(blobs)
+        return digest
+
+    async def _manifest(self, digest: str) -> Manifest:
+        cached = self._cached(digest)
+        if isinstance(cached, Manifest):
+            return cached
+        manifest = Manifest.from_json(await self._blobs.get(digest))
+        self._remember(digest, manifest)
+        return manifest
+
+    async def _segment(self, digest: str) -> list[AgentMessage]:
+        cached = self._cached(digest)
+        if isinstance(cached, list):
+            return cached
+        segment = [
+            MessageAdapter.validate_python(m) for m in _MESSAGES.validate_json(await self._blobs.get(digest))
+        ]
+        self._remember(digest, segment)
+        return segment
 
     async def _message(self, digest: str) -> AgentMessage:
-        cached = self._cache.get(digest)
-        if cached is not None:
-            self._cache.move_to_end(digest)
-            return cached
+        cached = self._cached(digest)
+        if cached is not None and not isinstance(cached, list | Manifest):
+            return cached  # type: ignore[no-any-return]
         message = MessageAdapter.validate_json(await self._blobs.get(digest))
         self._remember(digest, message)
         return message  # type: ignore[no-any-return]
 
-    def _remember(self, digest: str, message: AgentMessage) -> None:
-        self._cache[digest] = message
+    def _cached(self, digest: str) -> Any:
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self._cache.move_to_end(digest)
+        return cached
+
+    def _remember(self, digest: str, value: Any) -> None:
+        self._cache[digest] = value
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-
-    async def save(self, digests: list[str], messages: list[AgentMessage]) -> str:
-        """Store ``messages`` after the context ``digests``; the new manifest's digest."""
-        added = []
-        blobs: dict[str, bytes] = {}
-        for message in messages:
-            data = MessageAdapter.dump_json(message)
-            digest = digest_of(data)
-            if digest not in self._cache:
-                blobs[digest] = data
-                self._remember(digest, message)
-            added.append(digest)
-        manifest = json.dumps(digests + added).encode()
-        manifest_digest = digest_of(manifest)
-        blobs[manifest_digest] = manifest
-        await self._blobs.put_many(blobs)
-        return manifest_digest

@@ -58,3 +58,42 @@ async def test_lost_stored_context_is_resent_inline(stack: Stack, worker_env: di
         "still there?",
     ]
     await handle.signal("close")
+
+
+async def test_a_turn_writes_one_segment_and_old_manifests_still_read(tmp_path: Path) -> None:
+    """Each save writes the turn's messages as one segment plus a manifest;
+    a manifest of per-message digests (the earlier format) still loads,
+    and a store that lost its files says so (the workflow then resends)."""
+    import json
+
+    import pytest
+
+    from activities.blobs import FileBlobStore, digest_of
+    from activities.context_store import ContextMissing, ContextStore, Manifest
+    from workflows.models import MessageAdapter, UserMessage
+
+    blobs = FileBlobStore(tmp_path)
+    first, second = UserMessage(content="one", timestamp=1), UserMessage(content="two", timestamp=2)
+    old = [MessageAdapter.dump_json(first), MessageAdapter.dump_json(second)]
+    old_manifest = json.dumps([digest_of(d) for d in old]).encode()
+    blobs.write_all({digest_of(d): d for d in [*old, old_manifest]})
+
+    store = ContextStore(blobs)
+    manifest, messages = await store.load(digest_of(old_manifest))
+    assert [m.content for m in messages] == ["one", "two"]
+    files_before = {p for p in tmp_path.rglob("*") if p.is_file()}
+    third = UserMessage(content="three", timestamp=3)
+    fourth = UserMessage(content="four", timestamp=4)
+    new_digest = await store.save(manifest, [third, fourth])
+    written = {p for p in tmp_path.rglob("*") if p.is_file()} - files_before
+    assert len(written) == 2, "one segment and one manifest"
+
+    fresh = ContextStore(FileBlobStore(tmp_path))
+    _, messages = await fresh.load(new_digest)
+    assert [m.content for m in messages] == ["one", "two", "three", "four"]
+
+    for path in written:
+        path.unlink()
+    with pytest.raises(ContextMissing):
+        await ContextStore(FileBlobStore(tmp_path)).load(new_digest)
+    assert isinstance(Manifest.from_json(old_manifest), Manifest)

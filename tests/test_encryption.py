@@ -21,7 +21,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.blobs import BlobMissing, FileBlobStore, digest_of
-from activities.context_store import ContextStore
+from activities.context_store import ContextStore, Manifest
 from runtime.connect import connect
 from runtime.encryption import ENCRYPTED, KEY_ID, Keyring
 from runtime.payloads import data_converter
@@ -147,7 +147,7 @@ def keyring(keys: str) -> Keyring:
 async def test_context_blobs_are_encrypted_and_read_after_rotation(tmp_path: Path) -> None:
     written = ContextStore(FileBlobStore(tmp_path, keyring(f"a:{KEY_A}")))
     message = UserMessage(content="marker-context", timestamp=1)
-    manifest = await written.save([], [message])
+    manifest = await written.save(Manifest(), [message])
 
     for path in tmp_path.rglob("*"):
         if path.is_file():
