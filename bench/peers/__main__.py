@@ -35,7 +35,7 @@ from testbed.local_stack import DevServer
 
 DATA = Path(".agent-data/bench/peers")
 CONVERSATION_TIMEOUT_S = 180
-ROW_KEYS = ("baseline", "floor", "project", "agents", "agents-run", "pydantic-ai", "pydantic-ai-run")
+ROW_KEYS = ("baseline", "floor", "project", "project-local", "agents", "agents-run", "pydantic-ai", "pydantic-ai-run")
 
 
 @dataclass
@@ -51,7 +51,14 @@ def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
     from bench.peers.floor.starter import FloorRow
     from bench.peers.project import BaselineRow, ProjectRow
 
-    rows: dict[str, Row] = {"baseline": BaselineRow(), "floor": FloorRow(), "project": ProjectRow()}
+    rows: dict[str, Row] = {
+        "baseline": BaselineRow(),
+        "floor": FloorRow(),
+        "project": ProjectRow(),
+        "project-local": ProjectRow(
+            name="this project, local tools", local_tools="*", task_queue="peers-project-local"
+        ),
+    }
     missing: dict[str, str] = {}
     try:
         from bench.peers.agents_sdk.starter import AgentsSdkRow, AgentsSdkUnstreamedRow

@@ -31,6 +31,9 @@ TASK_QUEUE = "peers-project"
 @dataclass
 class ProjectRow(Row):
     name: str = "this project"
+    local_tools: str = ""
+    """AGENT_LOCAL_TOOLS of its worker ("*": the fast path, tools as local activities)."""
+    task_queue: str = TASK_QUEUE
 
     async def start(self, stack: Stack) -> None:
         # The worker refuses a payload store inside the tools' workspace (by
@@ -39,11 +42,12 @@ class ProjectRow(Row):
         workspace.mkdir(parents=True, exist_ok=True)
         env = {
             **bench_run.stack_env(stack.dev, stack.model_server),  # type: ignore[arg-type]  # reads base_url
-            "TEMPORAL_TASK_QUEUE": TASK_QUEUE,
+            "TEMPORAL_TASK_QUEUE": self.task_queue,
             "AGENT_WORKSPACE": str(workspace),
+            "AGENT_LOCAL_TOOLS": self.local_tools,
         }
         self.payload_store = Path(env["AGENT_STORAGE_DIR"])
-        self.workers = [start_worker(env, log_path=stack.data / "worker-project.log")]
+        self.workers = [start_worker(env, log_path=stack.data / f"worker-{self.task_queue}.log")]
         self.client = await connect(Settings.from_env({**os.environ, **env}))
 
     async def converse(self, model: str) -> Conversation:
@@ -54,7 +58,7 @@ class ProjectRow(Row):
             self.client,
             workflow_id,
             {"model": model, "prompt": PROMPT, "closeWhenIdle": True},
-            task_queue=TASK_QUEUE,
+            task_queue=self.task_queue,
         )
         async for _offset, event in follow(self.client, workflow_id):
             if event["type"] == "agent_end":
