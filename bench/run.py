@@ -292,6 +292,114 @@ async def concurrency(
     }
 
 
+async def abort_latency(client: Client, settings: Settings, server: ScriptedModelServer) -> dict[str, float]:
+    """The model streams slowly (a token every 50 ms); time from sending
+    ``abort`` to the subscriber seeing ``agent_end``."""
+    samples: list[float] = []
+    for _ in range(5):
+        model = f"abort-{uuid.uuid4().hex[:6]}"
+        server.script(model, [{"text": ANSWER * 2, "chunk_chars": 4, "delay_ms": 50}])
+        conversation = await Conversation.start(client, settings, prompt="talk", model=model)
+        sent_at = 0.0
+        async for _offset, event in conversation.events():
+            if event["type"] == "message_update" and not sent_at:
+                await asyncio.sleep(0.3)
+                sent_at = time.monotonic()
+                await conversation.abort()
+            elif event["type"] == "agent_end":
+                samples.append((time.monotonic() - sent_at) * 1000)
+                break
+        await conversation.close()
+    return {"median_ms": round(statistics.median(samples), 1), "max_ms": round(max(samples), 1)}
+
+
+async def steering_latency(
+    client: Client, settings: Settings, server: ScriptedModelServer
+) -> dict[str, float]:
+    """A steer queued while the model thinks (after the run's first steering
+    poll): time from the last tool's end to the steering message's start,
+    both as the subscriber receives them."""
+    samples: list[float] = []
+    for _ in range(5):
+        model = f"steer-{uuid.uuid4().hex[:6]}"
+        call = {"id": "w", "name": "calculator", "arguments": {"expression": "1+1"}}
+        server.script(model, [{"tool_calls": [call], "first_delay_ms": 300}, {"text": "steered"}])
+        conversation = await Conversation.start(client, settings, prompt="go", model=model)
+        await asyncio.sleep(0.1)
+        await conversation.steer("change course")
+        tool_ended = 0.0
+        async for _offset, event in conversation.events():
+            kind = event["type"]
+            if kind == "tool_execution_end":
+                tool_ended = time.monotonic()
+            elif kind == "message_start" and event.get("queue") == "steering":
+                samples.append((time.monotonic() - tool_ended) * 1000)
+            elif kind == "agent_end":
+                break
+        await conversation.close()
+    return {"median_ms": round(statistics.median(samples), 1), "max_ms": round(max(samples), 1)}
+
+
+async def idle_conversations(
+    client: Client, settings: Settings, server: ScriptedModelServer, env: dict[str, str], n: int
+) -> dict[str, Any]:
+    """n conversations that answered once and went idle, on one worker:
+    its memory; then a long one (hundreds of tool rounds) answered, idle,
+    and evicted (a new worker with an empty cache): time from its next
+    prompt to the first token."""
+    queue = f"idle-{uuid.uuid4().hex[:6]}"
+    worker_env = {**env, "TEMPORAL_TASK_QUEUE": queue}
+    idle_settings = replace(settings, task_queue=queue)
+    worker = start_worker(worker_env, log_path=DATA / "worker-idle.log")
+    try:
+        baseline_rss = _rss_kb(worker.pid)
+        model = f"idle-{uuid.uuid4().hex[:6]}"
+        server.script(model, [{"text": "hello"}] * n)
+        started = time.monotonic()
+        conversations = await asyncio.gather(
+            *(Conversation.start(client, idle_settings, prompt="hi", model=model) for _ in range(n))
+        )
+        for batch in range(0, n, 100):
+            await asyncio.gather(*(c.wait_for_idle() for c in conversations[batch : batch + 100]))
+        rss = _rss_kb(worker.pid)
+        idle_seconds = time.monotonic() - started
+
+        long_model = f"long-{uuid.uuid4().hex[:6]}"
+        server.script(
+            long_model, [*scenario(240)[:-1], {"text": "done"}, {"text": "again", "chunk_chars": 2}]
+        )
+        long = await Conversation.start(client, idle_settings, prompt="go", model=long_model)
+        await long.wait_for_idle()
+        history_events = 0
+        async for execution in client.list_workflows(f"WorkflowId = '{long.id}'"):
+            history = await client.get_workflow_handle(long.id, run_id=execution.run_id).fetch_history()
+            history_events = max(history_events, len(history.events))
+        current = len((await client.get_workflow_handle(long.id).fetch_history()).events)
+    finally:
+        stop_process(worker)
+    fresh = start_worker(worker_env, log_path=DATA / "worker-idle.log")
+    try:
+        sent = time.monotonic()
+        result = await long.send_prompt("once more")
+        first = 0.0
+        async for _offset, event in long.run_events(result):
+            if event["type"] == "message_update":
+                first = (time.monotonic() - sent) * 1000
+                break
+        await asyncio.gather(*(c.close() for c in [*conversations, long]))
+    finally:
+        stop_process(fresh)
+    return {
+        "idle_conversations": n,
+        "worker_rss_mb": round(rss / 1024, 1),
+        "worker_rss_mb_before": round(baseline_rss / 1024, 1),
+        "started_and_answered_s": round(idle_seconds, 1),
+        "long_history_events_max": history_events,
+        "long_history_events_when_idle": current,
+        "first_token_after_eviction_ms": round(first, 1),
+    }
+
+
 def _rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -319,7 +427,7 @@ def stack_env(dev: DevServer, server: ScriptedModelServer) -> dict[str, str]:
     return env
 
 
-async def main(runs: int, n: int) -> dict[str, Any]:
+async def main(runs: int, n: int, idle: int = 1000) -> dict[str, Any]:
     DATA.mkdir(parents=True, exist_ok=True)
     dev = DevServer(log_path=DATA / "server.log").start()
     server = ScriptedModelServer().start()
@@ -332,6 +440,9 @@ async def main(runs: int, n: int) -> dict[str, Any]:
         summary["first_token"] = await first_token_latency(client, settings, server)
         summary["kill_to_resume"] = await kill_to_resume(client, settings, server, env)
         summary["concurrency"] = await concurrency(client, settings, server, worker.pid, n)
+        summary["abort"] = await abort_latency(client, settings, server)
+        summary["steering"] = await steering_latency(client, settings, server)
+        summary["idle"] = await idle_conversations(client, settings, server, env, idle)
         return summary
     finally:
         stop_process(worker)
@@ -365,6 +476,15 @@ def print_table(summary: dict[str, Any]) -> None:
         f"{c['overhead_ms_per_turn_p50']} ms p99 {c['overhead_ms_per_turn_p99']} ms, "
         f"worker RSS {c['worker_rss_mb']} MB"
     )
+    a, st, i = summary["abort"], summary["steering"], summary["idle"]
+    print(f"abort -> agent_end at the subscriber: median {a['median_ms']} ms, max {a['max_ms']} ms")
+    print(f"last tool end -> steering message_start: median {st['median_ms']} ms, max {st['max_ms']} ms")
+    print(
+        f"{i['idle_conversations']} idle conversations: worker RSS {i['worker_rss_mb']} MB "
+        f"(from {i['worker_rss_mb_before']} MB); a conversation of {i['long_history_events_max']} history "
+        f"events at most per run ({i['long_history_events_when_idle']} when idle), evicted: first token "
+        f"{i['first_token_after_eviction_ms']} ms after its next prompt"
+    )
 
 
 if __name__ == "__main__":
@@ -373,8 +493,9 @@ if __name__ == "__main__":
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--idle", type=int, default=1000, help="idle conversations on one worker")
     args = parser.parse_args()
-    result = asyncio.run(main(args.runs, args.concurrency))
+    result = asyncio.run(main(args.runs, args.concurrency, args.idle))
     for key in ("K=5", "K=20"):
         result[key]["first_token_ms"] = sorted(result[key]["first_token_ms"])[:5]
     print_table(result)

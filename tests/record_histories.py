@@ -213,6 +213,31 @@ async def approval(client: Client, server: ScriptedModelServer, model: str) -> W
     return handle
 
 
+async def idle_switch(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """A run long enough (over 500 history events) that the conversation,
+    once idle, continues as new at once; then one more prompt."""
+    steps: list[dict[str, Any]] = [
+        {"tool_calls": [call(f"t{i}", "calculator", expression=f"{i}+1")]} for i in range(45)
+    ]
+    server.script(model, [*steps, {"text": "done"}, {"text": "after the switch"}])
+    handle = await start(client, model, prompt="count")
+    await handle.execute_update("wait_for_idle")
+    for _ in range(100):
+        runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        if len(runs) > 1:
+            break
+        await asyncio.sleep(0.1)
+    while True:
+        try:
+            await client.get_workflow_handle(handle.id).execute_update("prompt", "again")
+            break
+        except Exception:
+            await asyncio.sleep(0.1)
+    await client.get_workflow_handle(handle.id).signal("close")
+    await client.get_workflow_handle(handle.id).result()
+    return client.get_workflow_handle(handle.id)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -222,6 +247,7 @@ SCENARIOS: dict[str, Scenario] = {
     "subscriber_at_close": subscriber_at_close,
     "agent_api": agent_api,
     "approval": approval,
+    "idle_switch": idle_switch,
 }
 
 
@@ -239,7 +265,7 @@ async def record(names: list[str]) -> None:
                 if names and name not in names:
                     continue
                 handle = await scenario(client, model_server, f"rec-{name}")
-                if name == "continue_as_new":
+                if name in ("continue_as_new", "idle_switch"):
                     # Every run of the chain: each is replayed on its own.
                     runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
                     for index, run in enumerate(sorted(runs, key=lambda r: r.start_time)):

@@ -27,6 +27,8 @@ from workflows.models import ToolDeclaration
 ROOT = Path(__file__).resolve().parent / "histories"
 CURRENT = sorted(ROOT.glob("*.json"))
 V1 = sorted((ROOT / "v1").glob("*.json"))
+# Recorded with tool declarations, before an abort answered at once.
+V2 = sorted((ROOT / "v2").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -35,7 +37,9 @@ def _stem(path: Path) -> str:
 
 def test_there_are_recorded_histories() -> None:
     expected = {"tools", "steering_and_follow_up", "abort_and_prompt", "errors", "continue_as_new"}
-    assert expected | {"subscriber_at_close", "agent_api", "approval"} <= {_stem(p) for p in CURRENT}
+    assert expected | {"subscriber_at_close", "agent_api", "approval", "idle_switch"} <= {
+        _stem(p) for p in CURRENT
+    }
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
 
 
@@ -50,7 +54,7 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
     await replayer.replay_workflow(history)
 
 
-@pytest.mark.parametrize("path", CURRENT + V1, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V1])
+@pytest.mark.parametrize("path", CURRENT + V2 + V1, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V2 + V1])
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
 

@@ -65,11 +65,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.queues import MessageQueue
     from workflows.session import ContinueRefused, Session
-    from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream, partial_message
+    from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream
 
 # Stream items kept when continuing as new; older offsets read from the
 # oldest item kept.
 STREAM_ITEMS_CARRIED = 2000
+IDLE_ITEMS_CARRIED = 200
+# History length past which an idle conversation continues as new.
+IDLE_SWITCH_EVENTS = 500
+IDLE_SWITCH_PATCH = "idle-switch"
 # Continue as new at the next turn boundary once this many signals came in
 # (every event batch an activity publishes is one; the limit is 10,000).
 SIGNALS_BEFORE_SWITCH = SIGNAL_LIMIT // 2
@@ -108,8 +112,8 @@ class AgentWorkflow:
         self._calls = ActivityCalls(self._session, self._stream, self._now_ms)
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go
+        self._idle_switch_refused = False
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
-        self._model_call_offset = 0
         if session_input.prompt is not None and self._input_error is None:
             try:
                 self._session.pending = PendingRun(
@@ -169,7 +173,12 @@ class AgentWorkflow:
                     break
                 continue  # a message arrived meanwhile: it starts a run
             await workflow.wait_condition(
-                lambda: session.pending is not None or session.closing or self._continue_as_new_due()
+                lambda: (
+                    session.pending is not None
+                    or session.closing
+                    or self._continue_as_new_due()
+                    or self._idle_switch_wanted()
+                )
             )
             if session.pending is not None:
                 pending, session.pending = session.pending, None
@@ -177,8 +186,10 @@ class AgentWorkflow:
             elif session.closing:
                 await self._let_subscribers_catch_up()
                 break
+            elif self._continue_as_new_due() or workflow.patched(IDLE_SWITCH_PATCH):
+                await self._continue_as_new(idle=True)
             else:
-                await self._continue_as_new()
+                self._idle_switch_refused = True  # a conversation from before idle switches
         self._update_details()
         # Release waiting stream subscribers (they drain the rest by query),
         # else their open polls would keep the conversation from completing.
@@ -255,7 +266,7 @@ class AgentWorkflow:
         return LoopConfig(
             emit=self._emit,
             now_ms=self._now_ms,
-            stream_assistant_response=self._stream_assistant_response,
+            stream_assistant_response=self._calls.stream_assistant_response,
             execute_tool=self._calls.execute_tool,
             get_steering_messages=session.steering.poll,
             get_follow_up_messages=session.follow_up.poll,
@@ -269,10 +280,6 @@ class AgentWorkflow:
             at_turn_boundary=self._at_turn_boundary,
             total_turns=lambda: session.turns.total,
         )
-
-    async def _stream_assistant_response(self, context: AgentContext) -> Any:
-        self._model_call_offset = self._stream.offset()
-        return await self._calls.stream_assistant_response(context)
 
     def _prepare_arguments(self, call: ToolCall) -> dict[str, Any]:
         shim = self._bindings.argument_shims.get(call.name)
@@ -403,14 +410,27 @@ class AgentWorkflow:
             or self._stream.signals >= SIGNALS_BEFORE_SWITCH
         )
 
-    async def _continue_as_new(self) -> None:
+    def _idle_switch_wanted(self) -> bool:
+        """An idle conversation with a long history continues as new at
+        once: when it next gets a prompt on a worker that no longer has it
+        cached, only the short new history is replayed (replay costs about
+        a third of a millisecond per event)."""
+        return (
+            not self._idle_switch_refused
+            and workflow.info().get_current_history_length() >= IDLE_SWITCH_EVENTS
+        )
+
+    async def _continue_as_new(self, *, idle: bool = False) -> None:
         """Hand the whole session to a new run (at a turn boundary or idle),
-        once every signal and update handler has finished."""
+        once every signal and update handler has finished. Idle, subscribers
+        are caught up: only the last events are carried."""
         self._switching = True  # wait_for_idle callers are told to ask again
         self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         session = self._session
-        carry = session.carry(self._stream.state_for_carry(STREAM_ITEMS_CARRIED))
+        carry = session.carry(
+            self._stream.state_for_carry(IDLE_ITEMS_CARRIED if idle else STREAM_ITEMS_CARRIED)
+        )
         next_input = SessionInput.model_validate(
             {**session.settings.model_dump(), "messages": session.messages, "carry": carry}
         )
@@ -658,7 +678,7 @@ class AgentWorkflow:
     def _streaming_message(self) -> AssistantMessage | None:
         if not self._calls.streaming:
             return None
-        return partial_message(self._stream.events_since(self._model_call_offset))
+        return self._stream.streamed_message()
 
     def _update_details(self) -> None:
         """The Temporal UI's "current details" of this conversation, and its

@@ -58,6 +58,7 @@ RECORDED_TOOLS_PATCH = "recorded-tool-declarations"
 # Aborted tools are cancelled and waited for (before: cancelled and left
 # running), so no tool goes on after its result says "aborted".
 WAIT_CANCEL_PATCH = "wait-for-cancelled-tools"
+INSTANT_ABORT_PATCH = "instant-abort"
 
 
 class ActivityCalls:
@@ -71,6 +72,7 @@ class ActivityCalls:
         self._tools: dict[str, workflow.ActivityHandle[ToolOutcome]] = {}
         self._activity_ids: set[str] = set()
         self._wave = asyncio.Semaphore(MAX_TOOL_ACTIVITIES_AT_ONCE)
+        self._instant_abort = False
         self.on_change: Callable[[], None] = lambda: None
 
     @property
@@ -103,14 +105,16 @@ class ActivityCalls:
         an abort)."""
         session = self._session
         context.tools = session.enabled_tools()  # configure applies from the next call
+        self._stream.model_call_started()
         try:
             result = await self._call_model(context)
         except ActivityError as err:
-            stop = "aborted" if session.abort_requested else "error"
-            text = "Request was aborted" if session.abort_requested else failure_text(err)
-            return ModelAnswer(self._assistant_message(stop, text))
+            if session.abort_requested:
+                return self._aborted_answer()
+            return ModelAnswer(self._assistant_message("error", failure_text(err)))
         finally:
             self._llm = None
+            self._stream.model_call_ended(aborted=session.abort_requested)
             self.on_change()
         for event in result.events:
             self._stream.publish(event)
@@ -137,6 +141,9 @@ class ActivityCalls:
                 stream_batch_ms=settings.stream_batch_ms,
                 max_batches=self._batch_budget(1),
             )
+            # An abort answers at once with what had streamed, instead of
+            # waiting for the activity to hear of it (up to a heartbeat).
+            self._instant_abort = workflow.patched(INSTANT_ABORT_PATCH)
             self._llm = workflow.start_activity(
                 LLM_ACTIVITY,
                 request,
@@ -144,7 +151,11 @@ class ActivityCalls:
                 start_to_close_timeout=timedelta(minutes=10),
                 heartbeat_timeout=HEARTBEAT_TIMEOUT,
                 retry_policy=LLM_RETRY,
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                cancellation_type=(
+                    workflow.ActivityCancellationType.TRY_CANCEL
+                    if self._instant_abort
+                    else workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+                ),
                 summary=f"llm: {request.model} turn {request.turn}",
             )
             self.on_change()
@@ -157,6 +168,23 @@ class ActivityCalls:
                 workflow.logger.warning("Stored context is missing; sending it inline: %s", err.cause)
                 session.context_ref, session.context_length = None, 0
         raise AssertionError("unreachable")
+
+    def _aborted_answer(self) -> ModelAnswer:
+        """The aborted message: what the model had streamed to subscribers
+        (its tool calls dropped: they would be left without results)."""
+        streamed = self._stream.streamed_message() if self._instant_abort else None
+        if streamed is None:
+            return ModelAnswer(self._assistant_message("aborted", "Request was aborted"))
+        message = streamed.model_copy(
+            update={
+                "content": [c for c in streamed.content if not isinstance(c, ToolCall)],
+                "model": streamed.model or self._session.settings.model or "",
+                "stop_reason": "aborted",
+                "error_message": "Request was aborted",
+                "timestamp": self._now_ms(),
+            }
+        )
+        return ModelAnswer(message, streamed=True)
 
     def _assistant_message(self, stop_reason: str, error: str) -> AssistantMessage:
         return AssistantMessage.model_validate(

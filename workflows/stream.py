@@ -18,6 +18,7 @@ plain short timer.
 from __future__ import annotations
 
 import base64
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -66,6 +67,9 @@ class EventStream:
         self.updates = 0
         self.tracking = False
         self._detached = False
+        self.model_call_offset: int | None = None  # where the model call in progress started
+        self._model_publishers: set[str] = set()
+        self._closed_publishers: deque[str] = deque(maxlen=64)
 
     def track(self) -> None:
         """Count the signals this execution takes and track how far live
@@ -77,6 +81,12 @@ class EventStream:
 
             def on_publish(payload: PublishInput) -> None:
                 self.signals += 1
+                publisher = payload.publisher_id
+                if publisher and publisher in self._closed_publishers:
+                    return  # late deltas of an aborted model call, after its aborted message
+                if publisher and self.model_call_offset is not None:
+                    # While the model is called nothing else publishes: this is its activity.
+                    self._model_publishers.add(publisher)
                 publish(payload)
 
             workflow.set_signal_handler(PUBLISH_SIGNAL, on_publish)
@@ -125,6 +135,24 @@ class EventStream:
             if not batch.more_ready or batch.next_offset <= offset:
                 return events
             offset = batch.next_offset
+
+    def model_call_started(self) -> None:
+        self.model_call_offset = self.offset()
+        self._model_publishers = set()
+
+    def model_call_ended(self, *, aborted: bool = False) -> None:
+        """``aborted``: the call's activity may still publish for a moment
+        (until it hears of the cancel); what it sends from now is dropped."""
+        if aborted:
+            self._closed_publishers.extend(self._model_publishers)
+        self.model_call_offset = None
+        self._model_publishers = set()
+
+    def streamed_message(self) -> AssistantMessage | None:
+        """The assistant message the model call in progress has published so far."""
+        if self.model_call_offset is None:
+            return None
+        return partial_message(self.events_since(self.model_call_offset))
 
     def detach_pollers(self) -> None:
         """Release waiting subscribers and refuse new polls (before

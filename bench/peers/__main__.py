@@ -35,7 +35,16 @@ from testbed.local_stack import DevServer
 
 DATA = Path(".agent-data/bench/peers")
 CONVERSATION_TIMEOUT_S = 180
-ROW_KEYS = ("baseline", "floor", "project", "project-local", "agents", "agents-run", "pydantic-ai", "pydantic-ai-run")
+ROW_KEYS = (
+    "baseline",
+    "floor",
+    "project",
+    "project-local",
+    "agents",
+    "agents-run",
+    "pydantic-ai",
+    "pydantic-ai-run",
+)
 
 
 @dataclass
