@@ -26,7 +26,6 @@ from datetime import timedelta
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -37,6 +36,7 @@ from activities.openai_chat import (
     StreamAssembler,
     default_convert_to_llm,
     reasoning_effort,
+    stream_chunks,
     to_openai_messages,
 )
 from activities.redact import scrub
@@ -212,16 +212,7 @@ async def _stream(
     events: ActivityEventPublisher,
     attempt: int,
 ) -> None:
-    # The body is built already; posting it through the same client skips the
-    # SDK's typed-params transform (most of this activity's CPU, measured).
-    stream = await client.post(
-        "/chat/completions",
-        cast_to=ChatCompletion,
-        body=params,
-        options={"security": {"bearer_auth": True}},
-        stream=True,
-        stream_cls=openai.AsyncStream[ChatCompletionChunk],
-    )
+    stream = await stream_chunks(client, params)
     first_delta = True
     async for chunk in stream:
         was_started = assembler.started

@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+import openai
+
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
 from workflows.models import (
@@ -119,6 +121,22 @@ def reasoning_effort(level: ThinkingLevel) -> str | None:
     return None if level == "off" else level
 
 
+async def stream_chunks(client: openai.AsyncOpenAI, params: dict[str, Any]) -> openai.AsyncStream[Any]:
+    """A streamed Chat Completions call, its chunks as the JSON the server
+    sent. The body is posted as built through the client, skipping the SDK's
+    typed-params transform and the typed construction of every chunk (most
+    of a model call's CPU, measured); errors, timeouts and auth are the
+    client's as ever."""
+    return await client.post(
+        "/chat/completions",
+        cast_to=object,
+        body=params,
+        options={"security": {"bearer_auth": True}},
+        stream=True,
+        stream_cls=openai.AsyncStream[object],
+    )
+
+
 class StreamEndedEarly(Exception):
     """The stream closed before the model said why it stopped."""
 
@@ -142,24 +160,24 @@ class StreamAssembler:
         self._usage: dict[str, Any] | None = None
         self.started = False
 
-    def feed(self, chunk: Any) -> list[dict[str, Any]]:
-        """Consume one ``ChatCompletionChunk``; return the events it makes."""
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """Consume one streamed chunk (its JSON, as ``stream_chunks`` yields
+        it); return the events it makes."""
         self.started = True
-        if getattr(chunk, "usage", None) is not None:
-            self._usage = chunk.usage.model_dump()
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
         events: list[dict[str, Any]] = []
-        for choice in chunk.choices or []:
-            delta = choice.delta
-            extra = delta.model_extra or {}
-            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if reasoning:
                 events += self._append_text(ThinkingContent, "thinking", reasoning)
-            if delta.content:
-                events += self._append_text(TextContent, "text", delta.content)
-            for call in delta.tool_calls or []:
+            if delta.get("content"):
+                events += self._append_text(TextContent, "text", delta["content"])
+            for call in delta.get("tool_calls") or []:
                 events += self._append_tool_call(call)
-            if choice.finish_reason:
-                self._finish_reason = choice.finish_reason
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
         return events
 
     def _append_text(
@@ -179,14 +197,15 @@ class StreamAssembler:
         events.append({"type": f"{name}_delta", "contentIndex": self._open, "delta": delta})
         return events
 
-    def _append_tool_call(self, call: Any) -> list[dict[str, Any]]:
+    def _append_tool_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        index = call.index if call.index is not None else len(self._tool_blocks)
+        function = call.get("function") or {}
+        index = call["index"] if call.get("index") is not None else len(self._tool_blocks)
         block_index = self._tool_blocks.get(index)
         if block_index is None:
             events += self._close_open()
-            name = call.function.name if call.function and call.function.name else ""
-            call_id = call.id or f"call_{len(self._tool_blocks)}"
+            name = function.get("name") or ""
+            call_id = call.get("id") or f"call_{len(self._tool_blocks)}"
             self._blocks.append(ToolCall(id=call_id, name=name))
             block_index = len(self._blocks) - 1
             self._tool_blocks[index] = block_index
@@ -194,7 +213,7 @@ class StreamAssembler:
             events.append(
                 {"type": "toolcall_start", "contentIndex": block_index, "id": call_id, "toolName": name}
             )
-        pieces = call.function.arguments if call.function and call.function.arguments else ""
+        pieces = function.get("arguments") or ""
         if pieces:
             self._raw_args[block_index] += pieces
             events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})

@@ -31,7 +31,7 @@ import openai
 from temporalio.client import Client
 
 import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
-from activities.openai_chat import StreamAssembler, to_openai_messages
+from activities.openai_chat import StreamAssembler, stream_chunks, to_openai_messages
 from activities.tools import registered_tools
 from client import Conversation
 from runtime.connect import connect
@@ -70,12 +70,17 @@ async def baseline_conversation(client: openai.AsyncOpenAI, model: str) -> int:
     messages: list[AgentMessage] = [UserMessage(content="run the scenario")]
     turns = 0
     while True:
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=to_openai_messages(None, messages),  # type: ignore[arg-type]
-            tools=schemas,  # type: ignore[arg-type]
-            stream=True,
-            stream_options={"include_usage": True},
+        # The same fast path as the LLM activity: the body posted as built,
+        # chunks as JSON (the baseline stays the leanest loop).
+        stream = await stream_chunks(
+            client,
+            {
+                "model": model,
+                "messages": to_openai_messages(None, messages),
+                "tools": schemas,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
         )
         assembler = StreamAssembler(model)
         async for chunk in stream:
