@@ -27,8 +27,9 @@ from workflows.models import ToolDeclaration
 ROOT = Path(__file__).resolve().parent / "histories"
 CURRENT = sorted(ROOT.glob("*.json"))
 V1 = sorted((ROOT / "v1").glob("*.json"))
-# Recorded with tool declarations, before an abort answered at once.
-V2 = sorted((ROOT / "v2").glob("*.json"))
+# Recorded with tool declarations, before an abort answered at once (v2);
+# with each patch's own marker, before one marker stood for them all (v3).
+V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 
 
 def _stem(path: Path) -> str:

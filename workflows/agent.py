@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.queues import MessageQueue
     from workflows.session import ContinueRefused, Session
     from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream
+    from workflows.versions import Versions
 
 # Stream items kept when continuing as new; older offsets read from the
 # oldest item kept.
@@ -109,7 +110,8 @@ class AgentWorkflow:
             session_input.model_dump(include=set(SessionSettings.model_fields))
         )
         self._session = Session(settings, list(session_input.messages), carry, self._now_ms)
-        self._calls = ActivityCalls(self._session, self._stream, self._now_ms)
+        self._versions = Versions()
+        self._calls = ActivityCalls(self._session, self._stream, self._now_ms, self._versions)
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go
         self._idle_switch_refused = False
@@ -158,6 +160,7 @@ class AgentWorkflow:
     @workflow.run
     async def run(self, *args: Any) -> SessionResult:
         session = self._session
+        self._versions.start()
         if not self._bindings.track_subscribers:
             self._stream.tracking = False  # forced fallback: the linger is a plain timer
         if self._input_error:
@@ -186,7 +189,7 @@ class AgentWorkflow:
             elif session.closing:
                 await self._let_subscribers_catch_up()
                 break
-            elif self._continue_as_new_due() or workflow.patched(IDLE_SWITCH_PATCH):
+            elif self._continue_as_new_due() or self._versions.has(IDLE_SWITCH_PATCH):
                 await self._continue_as_new(idle=True)
             else:
                 self._idle_switch_refused = True  # a conversation from before idle switches
@@ -203,7 +206,7 @@ class AgentWorkflow:
         started before declarations were recorded keep the worker's tools,
         as they did."""
         session, settings = self._session, self._session.settings
-        if session.declared is None and workflow.patched(RECORDED_TOOLS_PATCH):
+        if session.declared is None and self._versions.has(RECORDED_TOOLS_PATCH):
             defaults = await self._calls.session_defaults()
             session.declared = {tool.name: tool for tool in defaults.tools or []}
             session.search_attributes = defaults.search_attributes
@@ -294,7 +297,7 @@ class AgentWorkflow:
 
     async def _at_turn_boundary(self) -> None:
         self._update_details()
-        if self._session.abort_requested and workflow.patched(ABORT_AT_BOUNDARY_PATCH):
+        if self._session.abort_requested and self._versions.has(ABORT_AT_BOUNDARY_PATCH):
             return  # the run ends at its next step; the flag would be lost in the switch
         if self._continue_as_new_due():
             await self._continue_as_new()
@@ -446,7 +449,7 @@ class AgentWorkflow:
         stream, session = self._stream, self._session
         if stream.tracking and stream.all_read():
             return
-        if not workflow.patched(LINGER_PATCH):
+        if not self._versions.has(LINGER_PATCH):
             return  # a conversation that completed before this existed
         closing = session.closing
         try:
@@ -723,7 +726,7 @@ class AgentWorkflow:
             and turns_behind < SEARCH_ATTRIBUTE_TURNS
         ):
             return
-        if not workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+        if not self._versions.has(SEARCH_ATTRIBUTES_PATCH):
             return
         workflow.upsert_search_attributes(
             [SEARCH_ATTRIBUTE_KEYS[name].value_set(v) for name, v in changed.items()]

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.models import AssistantMessage, ToolCall, ToolOutcome
     from workflows.session import Session
     from workflows.stream import EventStream
+    from workflows.versions import Versions
 
 LLM_ACTIVITY = "stream_assistant_response"
 TOOL_ACTIVITY = "execute_tool"
@@ -64,8 +65,11 @@ INSTANT_ABORT_PATCH = "instant-abort"
 class ActivityCalls:
     """Model and tool calls of one workflow execution."""
 
-    def __init__(self, session: Session, stream: EventStream, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, session: Session, stream: EventStream, now_ms: Callable[[], int], versions: Versions
+    ) -> None:
         self._session = session
+        self._versions = versions
         self._stream = stream
         self._now_ms = now_ms
         self._llm: workflow.ActivityHandle[LlmResult] | None = None
@@ -143,7 +147,7 @@ class ActivityCalls:
             )
             # An abort answers at once with what had streamed, instead of
             # waiting for the activity to hear of it (up to a heartbeat).
-            self._instant_abort = workflow.patched(INSTANT_ABORT_PATCH)
+            self._instant_abort = self._versions.has(INSTANT_ABORT_PATCH)
             self._llm = workflow.start_activity(
                 LLM_ACTIVITY,
                 request,
@@ -217,7 +221,7 @@ class ActivityCalls:
         )
         cancellation = (
             workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
-            if workflow.patched(WAIT_CANCEL_PATCH)
+            if self._versions.has(WAIT_CANCEL_PATCH)
             else workflow.ActivityCancellationType.TRY_CANCEL
         )
         timeout = timedelta(seconds=tool.timeout_seconds)
