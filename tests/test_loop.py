@@ -444,6 +444,7 @@ async def test_invalid_payloads_are_refused_or_dropped(stack: Stack) -> None:
     assert state.steering_queue == 0 and state.follow_up_queue == 0 and state.status == "idle"
     stack.script({"text": "still fine"})
     await handle.execute_update("prompt", {"role": "user", "content": [{"type": "text", "text": "hello"}]})
+    await handle.execute_update("wait_for_idle")  # close would abort the run
     await handle.signal("close")
     messages = (await handle.result()).messages
     assert messages[-1].text == "still fine"
