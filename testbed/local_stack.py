@@ -197,20 +197,28 @@ def start_worker(
     args = [sys.executable, str(ROOT / "worker.py")]
     for module in tools or []:
         args += ["--tools", module]
+    return start_ready_process(args, env, log_path)
+
+
+def start_ready_process(
+    args: list[str], env: dict[str, str] | None, log_path: Path | None, ready: str = "worker ready"
+) -> subprocess.Popen[bytes]:
+    """A child process that prints ``ready`` on its first line when it is
+    (a worker: once it polls its task queue); its stderr goes to ``log_path``."""
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(
         args,
         cwd=ROOT,
-        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=log,
         start_new_session=True,
     )
     assert process.stdout is not None
     line = process.stdout.readline().decode()
-    if "worker ready" not in line:
+    if ready not in line:
         process.kill()
-        raise RuntimeError(f"worker did not start: {line!r} (see {log_path})")
+        raise RuntimeError(f"{args[-1] if args else 'process'} did not start: {line!r} (see {log_path})")
     return process
 
 

@@ -3,7 +3,6 @@ the scenario against the shared stack, and the processes it runs in."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import Any
 import aiohttp
 from temporalio.client import Client
 
-from testbed.local_stack import ROOT, DevServer, start_scripted_model, stop_process
+from testbed.local_stack import DevServer, start_ready_process, start_scripted_model, stop_process
 
 
 @dataclass
@@ -105,21 +104,7 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     """``python -m module args`` as a child process; returns once it prints
     ``worker ready`` (it polls its task queue by then)."""
-    log = open(log_path, "ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=log,
-        start_new_session=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().decode()
-    if "worker ready" not in line:
-        process.kill()
-        raise RuntimeError(f"{module} did not start: {line!r} (see {log_path})")
-    return process
+    return start_ready_process([sys.executable, "-m", module, *args], env, log_path)
 
 
 def stop_worker(process: subprocess.Popen[bytes]) -> None:

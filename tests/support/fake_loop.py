@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.stack import outline
 from workflows.hooks import AgentHooks
 from workflows.loop import (
     AgentContext,
@@ -101,22 +102,7 @@ class FakeAgent:
         return AgentContext(messages, self.declarations, RunState(started_at_message=len(messages)))
 
     def outline(self) -> list[str]:
-        lines = []
-        for e in self.events:
-            kind = e["type"]
-            if kind in ("message_start", "message_end"):
-                m = e["message"]
-                label = m["role"]
-                if m["role"] == "toolResult":
-                    label += f":{m['toolCallId']}"
-                elif m["role"] == "assistant" and kind == "message_end":
-                    label += f":{m['stopReason']}"
-                lines.append(f"{kind}:{label}")
-            elif kind.startswith("tool_"):
-                lines.append(f"{kind}:{e['toolCallId']}")
-            else:
-                lines.append(kind)
-        return lines
+        return outline(self.events)
 
     def _emit(self, event: WireModel) -> None:
         self.events.append(event.model_dump(mode="json"))
