@@ -348,7 +348,7 @@ class Conversation:
     # --- events -----------------------------------------------------------------------------
 
     async def events(
-        self, from_offset: int = 0, *, cooldown_ms: int = 100
+        self, from_offset: int = 0, *, cooldown_ms: int = 200
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
         conversation ends; see ``follow``."""
@@ -513,7 +513,7 @@ class PollInterval(timedelta):
 
 
 async def follow(
-    client: Client, workflow_id: str, from_offset: int = 0, *, cooldown_ms: int = 100
+    client: Client, workflow_id: str, from_offset: int = 0, *, cooldown_ms: int = 200
 ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
     """Yield ``(offset, event)`` from ``from_offset`` on, across continue-as-new,
     until the workflow completes (then the retained events are drained first).

@@ -140,7 +140,7 @@ class LlmActivities:
                 events.publish(MessageUpdateEvent(assistant_message_event=event))
         context_ref = None
         if self._context is not None:
-            context_ref = await self._context.save(stored, [*request.messages, message])
+            context_ref = self._context.save_soon(stored, [*request.messages, message])
         return LlmResult(
             message=message,
             streamed=assembler.started,

@@ -87,11 +87,26 @@ class _RefusedPayloadConverter(EncodingPayloadConverter):
         raise ApplicationError(f"A payload {reason}.", type="PayloadRefused", non_retryable=True)
 
 
+# One instance for every AgentPayloadConverter: the SDK makes a payload
+# converter per serialization context (several per workflow task), and each
+# JSON converter keeps its own cache of pydantic TypeAdapters (building one
+# takes about a millisecond); shared, the cache is warm. Its methods keep no
+# other state.
+_JSON = None
+
+
+def _json_converter() -> Any:
+    global _JSON
+    if _JSON is None:
+        _JSON = _DecodeSafeJSONConverter()
+    return _JSON
+
+
 class AgentPayloadConverter(CompositePayloadConverter):
     """``PydanticPayloadConverter`` with decode failures made explicit."""
 
     def __init__(self) -> None:
-        json_converter = _DecodeSafeJSONConverter()
+        json_converter = _json_converter()
         super().__init__(
             *(
                 json_converter if isinstance(c, JSONPlainPayloadConverter) else c
