@@ -521,10 +521,12 @@ async def follow(
     Events are pi's camelCase dicts, as published. ``cooldown_ms`` is the
     least time from one poll's start to the next's (``PollInterval``); each
     poll is a long poll, so it only bounds how often a busy stream is read.
-    100 ms matches the LLM activity's batch interval (``streamBatchMs``):
-    polling faster shows tokens no sooner, and each poll costs the workflow
-    an update and a workflow task (measured: 22 -> 18 history events and
-    64 -> 60 ms per LLM turn, bench/README.md).
+    The default, 200 ms, is two of the LLM activity's batches
+    (``streamBatchMs``): every poll costs the workflow an update and a
+    workflow task, and polling each batch showed tokens no sooner to a
+    reader while doubling that cost (measured: 9 -> 5 updates per streamed
+    turn, bench/README.md). The first event of a quiet stream is not
+    delayed: the long poll answers as soon as it is published.
 
     A poll that fails transiently (see ``_TRANSIENT``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after

@@ -35,6 +35,9 @@ _OPERATORS = {
     ast.UAdd: operator.pos,
 }
 MAX_EXPRESSION_CHARS = 1000
+# Deeper nesting (parentheses, chains of unary signs) is refused before parsing:
+# the parser would spend a noticeable time on it and the evaluator recurses.
+MAX_NESTING = 100
 # Python prints integers of up to 4,300 digits; a result is refused above this.
 MAX_RESULT_DIGITS = 4000
 _MAX_BITS = math.ceil(MAX_RESULT_DIGITS * math.log2(10))
@@ -49,6 +52,8 @@ async def calculator(args: CalculatorArgs) -> str:
     expression = args.expression.strip()
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"The expression is longer than {MAX_EXPRESSION_CHARS} characters; split it up.")
+    if _nesting(expression) > MAX_NESTING:
+        raise ValueError("The expression is nested too deeply; split it up.")
     try:
         tree = ast.parse(expression, mode="eval")
         value = _evaluate(tree.body)
@@ -65,6 +70,22 @@ async def calculator(args: CalculatorArgs) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return f"{expression} = {value}"
+
+
+def _nesting(expression: str) -> int:
+    """An upper bound on how deep the expression nests, in one linear pass."""
+    deepest = depth = signs = 0
+    for char in expression:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char in "+-":
+            signs += 1
+        elif not char.isspace():
+            signs = 0
+        deepest = max(deepest, depth + signs)
+    return deepest
 
 
 def _evaluate(node: ast.expr) -> int | float:

@@ -68,7 +68,7 @@ def _unreachable(settings: Settings, detail: str) -> str:
             f"TLS to {where} failed: its certificate is not signed by {trusted} ({problem}). "
             "Set TEMPORAL_TLS_CA to the CA certificate that signed the server's."
         )
-    if "transport error" in detail or "close_notify" in detail:
+    if "transport error" in detail or "close_notify" in detail or "connection closed" in detail:
         short = "the server closed the connection"
         if settings.tls_cert:
             return (

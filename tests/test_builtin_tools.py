@@ -84,6 +84,11 @@ async def test_calculator_answers(expression: str, answer: str) -> None:
     assert await calculator(CalculatorArgs(expression=expression)) == answer
 
 
+async def test_calculator_accepts_ordinary_nesting() -> None:
+    answer = await calculator(CalculatorArgs(expression="-(" * 40 + "2" + ")" * 40 + " - -1"))
+    assert answer.endswith(" = 3")
+
+
 async def test_calculator_computes_up_to_four_thousand_digits() -> None:
     answer = await calculator(CalculatorArgs(expression="10**3999*10"))
     assert answer == "10**3999*10 = 1" + "0" * 4000
@@ -99,6 +104,8 @@ async def test_calculator_computes_up_to_four_thousand_digits() -> None:
         ("10**4000/3", "too large for a floating-point number"),
         ("1" * 4500, "longer than 1000 characters"),
         ("-" * 990 + "1", "nested too deeply"),
+        ("(" * 450 + "1" + ")" * 450, "nested too deeply"),
+        ("- -" * 300 + "1", "nested too deeply"),
         ("1/0", "Division by zero"),
     ],
 )
