@@ -174,10 +174,10 @@ def _for_namespace(converter: DataConverter, namespace: str) -> DataConverter:
     private method (``_with_store_context``, temporalio 1.35); without it,
     payloads are stored without a target (the file store's ``default``
     namespace), which any reader still resolves: references carry their place."""
-    bind = getattr(converter, "_with_store_context", None)
-    if bind is None or converter.external_storage is None:
+    if not hasattr(DataConverter, "_with_store_context") or converter.external_storage is None:
         return converter
-    bound = bind(StorageDriverStoreContext(target=StorageDriverWorkflowInfo(namespace=namespace)))
+    context = StorageDriverStoreContext(target=StorageDriverWorkflowInfo(namespace=namespace))
+    bound = converter._with_store_context(context)
     return bound if isinstance(bound, DataConverter) else converter
 
 

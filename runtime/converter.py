@@ -106,11 +106,24 @@ class AgentPayloadConverter(CompositePayloadConverter):
     """``PydanticPayloadConverter`` with decode failures made explicit."""
 
     def __init__(self) -> None:
+        # The SDK constructs one for each converter it derives (twice per
+        # workflow activation at least); the table of converters is built once
+        # and shared (the SDK replaces it, never changes it in place).
+        self.converters = _converters()
+
+
+_CONVERTERS: Any = None
+
+
+def _converters() -> Any:
+    global _CONVERTERS
+    if _CONVERTERS is None:
         json_converter = _json_converter()
-        super().__init__(
+        _CONVERTERS = CompositePayloadConverter(
             *(
                 json_converter if isinstance(c, JSONPlainPayloadConverter) else c
                 for c in DefaultPayloadConverter.default_encoding_payload_converters
             ),
             _RefusedPayloadConverter(),
-        )
+        ).converters
+    return _CONVERTERS

@@ -18,19 +18,21 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverter,
     DefaultFailureConverterWithEncodedAttributes,
     ExternalStorage,
+    FailureConverter,
     PayloadCodec,
+    PayloadConverter,
+    SerializationContext,
     StorageDriver,
     StorageDriverClaim,
     StorageDriverRetrieveContext,
@@ -293,8 +295,7 @@ def data_converter(settings: Settings) -> DataConverter:
         CompressionCodec(settings.compress_threshold, settings.max_decompressed_bytes),
         EncryptionCodec(keys),
     ]
-    return dataclasses.replace(
-        pydantic_data_converter,
+    return AgentDataConverter(
         payload_converter_class=AgentPayloadConverter,
         payload_codec=CodecChain(codecs),
         failure_converter_class=(
@@ -302,6 +303,59 @@ def data_converter(settings: Settings) -> DataConverter:
         ),
         external_storage=external_storage(settings),
     )
+
+
+_SHARED_CONVERTERS: dict[tuple[type, type], tuple[PayloadConverter, FailureConverter]] = {}
+_STORE_CONTEXTS_KEPT = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentDataConverter(DataConverter):
+    """The SDK's ``DataConverter``, cheaper to derive.
+
+    The SDK derives a converter for each workflow activation and for each
+    payload it stores externally (``with_context``, ``_with_store_context``),
+    and every derived one built a fresh payload converter and failure
+    converter, which were thrown away at once. Here the derived ones share
+    them (they keep no state), ``with_context`` returns this converter when
+    none of its parts takes a context (as the SDK's would, after asking
+    every part each time), and converters bound to a store context are
+    kept (that context names the workflow run, which writes many payloads).
+    """
+
+    def __post_init__(self) -> None:
+        key = (self.payload_converter_class, self.failure_converter_class)
+        shared = _SHARED_CONVERTERS.get(key)
+        if shared is None:
+            super().__post_init__()
+            shared = _SHARED_CONVERTERS.setdefault(key, (self.payload_converter, self.failure_converter))
+        object.__setattr__(self, "payload_converter", shared[0])
+        object.__setattr__(self, "failure_converter", shared[1])
+        object.__setattr__(self, "_store_bound", {})
+        # Whether any part makes use of a context; known at the first ask.
+        object.__setattr__(self, "_takes_context", None)
+
+    def with_context(self, context: SerializationContext) -> Self:
+        # The SDK's parts (and ours) decide by how they are composed, not by
+        # the context, so the first answer tells for all (the SDK's generic
+        # answer walks every part each time).
+        takes_context: bool | None = self._takes_context  # type: ignore[attr-defined]
+        if takes_context is False:
+            return self
+        derived = super().with_context(context)
+        if takes_context is None:
+            object.__setattr__(self, "_takes_context", derived is not self)
+        return derived
+
+    def _with_store_context(self, store_ctx: StorageDriverStoreContext) -> DataConverter:
+        bound: dict[StorageDriverStoreContext, DataConverter] = self._store_bound  # type: ignore[attr-defined]
+        found = bound.get(store_ctx)
+        if found is None:
+            found = super()._with_store_context(store_ctx)
+            if len(bound) >= _STORE_CONTEXTS_KEPT:
+                bound.clear()
+            bound[store_ctx] = found
+        return found
 
 
 def data_converter_from_env() -> DataConverter:

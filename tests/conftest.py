@@ -150,6 +150,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+_GUARD_CLIENTS: dict[str, Client] = {}
+
+
 @pytest.fixture(autouse=True)
 async def no_failed_workflow_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """After each test that used the dev server, read the history of every
@@ -159,7 +162,13 @@ async def no_failed_workflow_tasks(request: pytest.FixtureRequest) -> AsyncItera
     if not uses_server or request.node.get_closest_marker("expect_task_failures"):
         yield
         return
-    client: Client = request.getfixturevalue("client")
+    # Its own client: an autouse fixture is set up before the test's
+    # fixtures, and an async fixture cannot set up another async one.
+    dev_server: DevServer = request.getfixturevalue("dev_server")
+    client = _GUARD_CLIENTS.get(dev_server.address)
+    if client is None:
+        client = await connect(Settings.from_env(address=dev_server.address))
+        _GUARD_CLIENTS[dev_server.address] = client
     started = datetime.now(UTC)
     yield
     failures = await failed_workflow_tasks(client, started)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import importlib.util
+import json
 import os
 import uuid
 from datetime import timedelta
@@ -17,12 +18,16 @@ from temporalio import activity, workflow
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.common import RetryPolicy
 from temporalio.contrib.aws.s3driver import S3StorageDriver
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
     ExternalStorage,
+    SerializationContext,
     StorageDriverClaim,
     StorageDriverRetrieveContext,
+    StorageDriverStoreContext,
+    StorageDriverWorkflowInfo,
+    WorkflowSerializationContext,
 )
 from temporalio.worker import Worker
 
@@ -31,6 +36,7 @@ from runtime.payloads import (
     DEFAULT_THRESHOLD_BYTES,
     FileSystemStorageDriver,
     StoredPayloadMissing,
+    data_converter,
     data_converter_from_env,
     external_storage,
 )
@@ -280,3 +286,45 @@ async def test_large_payloads_are_compressed_and_small_ones_stay_readable() -> N
     assert encoded[0].ByteSize() < len(str(big)) / 5
     assert encoded[1].metadata["encoding"] == b"json/plain"
     assert await converter.decode(encoded, [dict, dict]) == [big, small]
+
+
+# --- the derived converters the SDK asks for ------------------------------------------------------
+
+
+def _run_context(namespace: str, run_id: str) -> StorageDriverStoreContext:
+    return StorageDriverStoreContext(
+        target=StorageDriverWorkflowInfo(id="wf", run_id=run_id, type="AgentWorkflow", namespace=namespace)
+    )
+
+
+async def test_a_payload_stored_for_a_run_lands_in_its_namespace_each_time(tmp_path: Path) -> None:
+    converter = data_converter(Settings(storage=f"file://{tmp_path}", storage_threshold=THRESHOLD))
+
+    for namespace in ("team-a", "team-b", "team-a"):
+        bound = converter._with_store_context(_run_context(namespace, "run-1"))
+        [reference] = await bound.encode([BIG + namespace])
+        assert json.loads(reference.data)["claimData"]["namespace"] == namespace
+        assert await converter.decode([reference], [str]) == [BIG + namespace]
+
+
+class _ContextRecorder(PydanticPayloadConverter):
+    """A payload converter that wants the serialization context (as a user's might)."""
+
+    def __init__(self, context: SerializationContext | None = None) -> None:
+        super().__init__()
+        self.context = context
+
+    def with_context(self, context: SerializationContext) -> _ContextRecorder:
+        return _ContextRecorder(context)
+
+
+def test_a_part_that_wants_the_context_still_gets_it() -> None:
+    plain = data_converter(Settings(storage="off"))
+    context = WorkflowSerializationContext(namespace="default", workflow_id="wf")
+    assert plain.with_context(context) is plain  # nothing in it takes a context
+
+    wanting = dataclasses.replace(plain, payload_converter_class=_ContextRecorder)
+    derived = wanting.with_context(context)
+
+    assert derived is not wanting
+    assert derived.payload_converter._inner_payload_converter.context == context  # type: ignore[attr-defined]
