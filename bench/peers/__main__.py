@@ -39,6 +39,7 @@ ROW_KEYS = (
     "baseline",
     "floor",
     "project",
+    "project-result",
     "project-local",
     "agents",
     "agents-run",
@@ -64,6 +65,9 @@ def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
         "baseline": BaselineRow(),
         "floor": FloorRow(),
         "project": ProjectRow(),
+        "project-result": ProjectRow(
+            name="this project, no subscriber", follow=False, task_queue="peers-project-result"
+        ),
         "project-local": ProjectRow(
             name="this project, local tools", local_tools="*", task_queue="peers-project-local"
         ),
