@@ -33,6 +33,7 @@ from temporalio.client import Client
 import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
 from activities.openai_chat import StreamAssembler, stream_chunks, to_openai_messages
 from activities.tools import registered_tools
+from bench.peers.measure import own_cpu_ms, process_cpu_ms
 from client import Conversation
 from runtime.connect import connect
 from runtime.settings import Settings
@@ -155,21 +156,39 @@ async def durable_conversation(
 
 
 async def compare(
-    client: Client, settings: Settings, server: ScriptedModelServer, runs: int
+    client: Client, settings: Settings, server: ScriptedModelServer, runs: int, pids: dict[str, int]
 ) -> dict[str, Any]:
+    """Both sides, interleaved; wall clock and CPU per process per turn.
+    ``pids``: the dev server's and the worker's. This process's CPU is the
+    baseline's whole loop, or the durable side's client (starter and
+    subscriber); both include the scripted model server, which runs here."""
     llm = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
     out: dict[str, Any] = {}
-    samples: dict[int, dict[str, list[Any]]] = {k: {"baseline": [], "durable": []} for k in (5, 20)}
+    samples: dict[int, dict[str, list[Any]]] = {
+        k: {"baseline": [], "durable": [], "baseline_cpu": [], "durable_cpu": []} for k in (5, 20)
+    }
+
+    def cpu() -> dict[str, float]:
+        return {"this process": own_cpu_ms(), **{role: process_cpu_ms(pid) for role, pid in pids.items()}}
+
+    def per_turn(before: dict[str, float], turns: int) -> dict[str, float]:
+        after = cpu()
+        return {role: (after[role] - before[role]) / turns for role in after}
+
     for _ in range(runs):
         for rounds in (5, 20):  # interleaved, so drift hits both sides alike
             model = f"base-{uuid.uuid4().hex[:6]}"
             server.script(model, scenario(rounds))
-            t = time.monotonic()
+            before, t = cpu(), time.monotonic()
             turns = await baseline_conversation(llm, model)
             samples[rounds]["baseline"].append((time.monotonic() - t) * 1000 / turns)
+            samples[rounds]["baseline_cpu"].append(per_turn(before, turns))
             model = f"dur-{uuid.uuid4().hex[:6]}"
             server.script(model, scenario(rounds))
-            samples[rounds]["durable"].append(await durable_conversation(client, settings, server, model))
+            before = cpu()
+            run = await durable_conversation(client, settings, server, model)
+            samples[rounds]["durable"].append(run)
+            samples[rounds]["durable_cpu"].append(per_turn(before, run.turns))
     for rounds, sample in samples.items():
         durable: list[DurableRun] = sample["durable"]
         base_ms = statistics.median(sample["baseline"])
@@ -179,7 +198,10 @@ async def compare(
             "turns": turns,
             "baseline_ms_per_turn": round(base_ms, 2),
             "durable_ms_per_turn": round(dur_ms, 2),
+            "overhead_ms_per_turn": round(dur_ms - base_ms, 2),
             "ratio": round(dur_ms / base_ms, 2),
+            "baseline_cpu_ms_per_turn": _median_by_role(sample["baseline_cpu"]),
+            "durable_cpu_ms_per_turn": _median_by_role(sample["durable_cpu"]),
             "history_events_per_turn": round(statistics.median(r.history_events for r in durable) / turns, 1),
             "history_bytes_per_turn": round(statistics.median(r.history_bytes for r in durable) / turns),
             "history_bytes": statistics.median(r.history_bytes for r in durable),
@@ -189,6 +211,10 @@ async def compare(
         out["K=20"]["history_bytes"] / out["K=5"]["history_bytes"], 2
     )
     return out
+
+
+def _median_by_role(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {role: round(statistics.median(s[role] for s in samples), 1) for role in samples[0]}
 
 
 async def first_token_latency(
@@ -441,7 +467,8 @@ async def main(runs: int, n: int, idle: int = 1000) -> dict[str, Any]:
     try:
         settings = Settings.from_env(address=dev.address, task_queue=TASK_QUEUE)
         client = await connect(settings)
-        summary = await compare(client, settings, server, runs)
+        pids = {"dev server": dev.process.pid, "worker": worker.pid}  # type: ignore[union-attr]
+        summary = await compare(client, settings, server, runs, pids)
         summary["first_token"] = await first_token_latency(client, settings, server)
         summary["kill_to_resume"] = await kill_to_resume(client, settings, server, env)
         summary["concurrency"] = await concurrency(client, settings, server, worker.pid, n)
@@ -457,14 +484,27 @@ async def main(runs: int, n: int, idle: int = 1000) -> dict[str, Any]:
 
 def print_table(summary: dict[str, Any]) -> None:
     print(
-        f"{'':6} {'turns':>5} {'base ms/turn':>13} {'durable ms/turn':>16} {'ratio':>6} "
+        f"{'':6} {'turns':>5} {'base ms/turn':>13} {'durable ms/turn':>16} {'overhead':>9} {'ratio':>6} "
         f"{'hist ev/turn':>12} {'hist B/turn':>11}"
     )
     for key in ("K=5", "K=20"):
         row = summary[key]
         print(
             f"{key:6} {row['turns']:>5} {row['baseline_ms_per_turn']:>13} {row['durable_ms_per_turn']:>16} "
-            f"{row['ratio']:>6} {row['history_events_per_turn']:>12} {row['history_bytes_per_turn']:>11}"
+            f"{row['overhead_ms_per_turn']:>9} {row['ratio']:>6} {row['history_events_per_turn']:>12} "
+            f"{row['history_bytes_per_turn']:>11}"
+        )
+    print(
+        "CPU ms/turn by process (this process: the baseline's loop, or the durable side's client;"
+        " both with the model server)"
+    )
+    for key in ("K=5", "K=20"):
+        row = summary[key]
+        base, dur = row["baseline_cpu_ms_per_turn"], row["durable_cpu_ms_per_turn"]
+        print(
+            f"{key:6} baseline: this process {base['this process']}"
+            f" | durable: this process {dur['this process']}, worker {dur['worker']},"
+            f" dev server {dur['dev server']}"
         )
     print(f"history bytes growth K=5 -> K=20: {summary['history_bytes_growth_K5_to_K20']} (turns grow 3.5x)")
     ft = summary["first_token"]
