@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 
 from bench import run as bench_run
-from bench.peers.rows import Conversation, Row, Stack
+from bench.peers.rows import Conversation, Row, Stack, finish
 from bench.peers.scenario import PROMPT
 from client import follow, start_conversation
 from runtime.connect import connect
@@ -65,20 +65,18 @@ class ProjectRow(Row):
             {"model": model, "prompt": PROMPT, "closeWhenIdle": True},
             task_queue=self.task_queue,
         )
-        if self.follow:
+
+        async def read_to_end() -> None:
             async for _offset, event in follow(self.client, workflow_id):
                 if event["type"] == "agent_end":
                     break
-            seconds = time.monotonic() - started
-            result = await handle.result()
-        else:
-            result = await handle.result()
-            seconds = time.monotonic() - started
-        return Conversation(
-            seconds=seconds,
-            turns=sum(1 for message in result.messages if message.role == "assistant"),
-            workflow_id=workflow_id,
-            first_run_id=handle.first_execution_run_id,
+
+        return await finish(
+            handle,
+            started,
+            workflow_id,
+            lambda r: sum(1 for message in r.messages if message.role == "assistant"),
+            read_to_end if self.follow else None,
         )
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from testbed.local_stack import DevServer, start_ready_process, start_scripted_model, stop_process
 
@@ -76,6 +78,32 @@ class Conversation:
     turns: int
     workflow_id: str | None = None
     first_run_id: str | None = None
+
+
+async def finish(
+    handle: WorkflowHandle[Any, Any],
+    started: float,
+    workflow_id: str,
+    turns: Callable[[Any], int],
+    read_to_end: Callable[[], Awaitable[None]] | None = None,
+) -> Conversation:
+    """The conversation's outcome, timed from ``started`` (``time.monotonic``)
+    until the client had the final answer: the end of the stream when
+    ``read_to_end`` is given (a streamed row; the result is fetched after),
+    else the result. ``turns`` counts the model calls in the result."""
+    if read_to_end is not None:
+        await read_to_end()
+        seconds = time.monotonic() - started
+        result = await handle.result()
+    else:
+        result = await handle.result()
+        seconds = time.monotonic() - started
+    return Conversation(
+        seconds=seconds,
+        turns=turns(result),
+        workflow_id=workflow_id,
+        first_run_id=handle.first_execution_run_id,
+    )
 
 
 @dataclass

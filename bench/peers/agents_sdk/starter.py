@@ -15,7 +15,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient, WorkflowSt
 
 from bench.peers.agents_sdk.models import EVENTS_TOPIC, RUN_END, ConversationRequest, ConversationResult
 from bench.peers.agents_sdk.worker import plugin
-from bench.peers.rows import Conversation, Row, Stack, start_worker
+from bench.peers.rows import Conversation, Row, Stack, finish, start_worker
 from bench.peers.scenario import PROMPT
 
 MAX_TURNS = 100  # the SDK stops at 10 model calls by default
@@ -47,7 +47,8 @@ class AgentsSdkRow(Row):
             task_queue=self.task_queue,
             result_type=ConversationResult,
         )
-        if self.stream:
+
+        async def read_to_end() -> None:
             # subscribe() is an async generator (typed as an iterator): close it when done.
             events = cast(
                 AsyncGenerator[WorkflowStreamItem[Any], None],
@@ -57,16 +58,9 @@ class AgentsSdkRow(Row):
                 async for item in events:
                     if isinstance(item.data, dict) and item.data.get("type") == RUN_END:
                         break
-            seconds = time.monotonic() - started
-            result = await handle.result()
-        else:
-            result = await handle.result()
-            seconds = time.monotonic() - started
-        return Conversation(
-            seconds=seconds,
-            turns=result.turns,
-            workflow_id=handle.id,
-            first_run_id=handle.first_execution_run_id,
+
+        return await finish(
+            handle, started, handle.id, lambda r: r.turns, read_to_end if self.stream else None
         )
 
 

@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench.peers.floor.models import ConversationRequest, ConversationResult
-from bench.peers.rows import Conversation, Row, Stack, start_worker
+from bench.peers.rows import Conversation, Row, Stack, finish, start_worker
 from bench.peers.scenario import PROMPT
 
 TASK_QUEUE = "peers-floor"
@@ -42,10 +42,4 @@ class FloorRow(Row):
             task_queue=TASK_QUEUE,
             result_type=ConversationResult,
         )
-        result = await handle.result()
-        return Conversation(
-            seconds=time.monotonic() - started,
-            turns=result.turns,
-            workflow_id=handle.id,
-            first_run_id=handle.first_execution_run_id,
-        )
+        return await finish(handle, started, handle.id, lambda r: r.turns)

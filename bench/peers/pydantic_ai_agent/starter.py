@@ -12,7 +12,7 @@ from pydantic_ai.run import AgentRunResultEvent
 from temporalio.client import Client
 
 from bench.peers.pydantic_ai_agent.models import EVENTS_TOPIC, ConversationRequest, ConversationResult
-from bench.peers.rows import Conversation, Row, Stack, start_worker
+from bench.peers.rows import Conversation, Row, Stack, finish, start_worker
 from bench.peers.scenario import PROMPT
 
 
@@ -43,21 +43,15 @@ class PydanticAiRow(Row):
             task_queue=self.task_queue,
             result_type=ConversationResult,
         )
-        if self.stream:
+
+        async def read_to_end() -> None:
             async with stream_agent_events(self.client, handle, EVENTS_TOPIC) as events:
                 async for event in events:
                     if isinstance(event, AgentRunResultEvent):
                         break
-            seconds = time.monotonic() - started
-            result = await handle.result()
-        else:
-            result = await handle.result()
-            seconds = time.monotonic() - started
-        return Conversation(
-            seconds=seconds,
-            turns=result.turns,
-            workflow_id=handle.id,
-            first_run_id=handle.first_execution_run_id,
+
+        return await finish(
+            handle, started, handle.id, lambda r: r.turns, read_to_end if self.stream else None
         )
 
 
