@@ -496,17 +496,34 @@ class PollInterval(timedelta):
     goes out at once instead of a whole interval later. The stream client
     reads ``total_seconds()`` when a poll has returned, as the time to wait
     before the next one.
+
+    Only a stream of token deltas is worth batching: ``follow`` tells the
+    interval each event a poll brought (``saw``), and a poll that brought
+    events but no ``message_update`` (a run starting, tools running, a turn
+    ending) is followed at once, so the first token after them, or the end
+    after a tool round, is not held back by a cooldown. A poll that brought
+    nothing (the stream draining for continue-as-new) keeps the cooldown.
     """
 
     _next_poll_at: float
+    _brought: bool | None  # since the last poll: None nothing, False no deltas, True deltas
 
     def __new__(cls, milliseconds: float) -> PollInterval:
         interval = super().__new__(cls, milliseconds=milliseconds)
         interval._next_poll_at = time.monotonic()  # the first poll starts now
+        interval._brought = None
         return interval
+
+    def saw(self, event: Any) -> None:
+        delta = isinstance(event, dict) and event.get("type") == "message_update"
+        self._brought = bool(self._brought) or delta
 
     def total_seconds(self) -> float:
         now = time.monotonic()
+        brought, self._brought = self._brought, None
+        if brought is False:
+            self._next_poll_at = now
+            return 0.0
         wait = max(0.0, super().total_seconds() - (now - self._next_poll_at))
         self._next_poll_at = now + wait
         return wait
@@ -525,8 +542,10 @@ async def follow(
     (``streamBatchMs``): every poll costs the workflow an update and a
     workflow task, and polling each batch showed tokens no sooner to a
     reader while doubling that cost (measured: 9 -> 5 updates per streamed
-    turn, bench/README.md). The first event of a quiet stream is not
-    delayed: the long poll answers as soon as it is published.
+    turn, bench/README.md). Only polls that brought token deltas are
+    followed by a cooldown (``PollInterval``), and the first event of a
+    quiet stream is not delayed: the long poll answers as soon as it is
+    published.
 
     A poll that fails transiently (see ``_TRANSIENT``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after
@@ -541,6 +560,7 @@ async def follow(
             async for item in stream.subscribe([EVENTS_TOPIC], from_offset=offset, poll_cooldown=cooldown):
                 offset = item.offset + 1
                 failures = 0
+                cooldown.saw(item.data)
                 yield item.offset, item.data
             return
         except RPCError as err:

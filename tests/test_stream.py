@@ -280,3 +280,29 @@ def test_the_poll_cooldown_counts_from_the_start_of_the_previous_poll(
     # A poll that waited 500 ms for events is followed at once; quick ones
     # are spaced so that polls start at most every 100 ms.
     assert waits == [0.0, 0.08, 0.1, 0.0, 0.03]
+
+
+def test_only_a_poll_that_brought_token_deltas_is_followed_by_a_cooldown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(client.time, "monotonic", lambda: clock[0])
+    interval = PollInterval(200)
+    waits = []
+    # (events the poll brought, seconds it took) -> wait before the next poll
+    polls = [
+        (["agent_start", "turn_start", "message_start"], 0.01),  # a run starts: the first token next
+        (["message_update"], 0.3),  # the first token, after a long poll: the model streams on
+        (["message_update", "message_update"], 0.01),
+        (["message_update", "message_end", "tool_execution_start"], 0.01),
+        (["tool_execution_end", "turn_end", "agent_end"], 0.01),  # nothing to batch: at once
+        ([], 0.01),  # nothing (a draining stream): the cooldown stays
+    ]
+    for events, took in polls:
+        clock[0] += took
+        for event in events:
+            interval.saw({"type": event})
+        wait = interval.total_seconds()
+        waits.append(round(wait, 3))
+        clock[0] += wait
+    assert waits == [0.0, 0.0, 0.19, 0.19, 0.0, 0.19]
