@@ -103,6 +103,7 @@ def build_worker(
             tools=tools,
             secrets=settings.known_secrets(),
         )
+    llm.warm_up()
     if settings.sdk_fallbacks:
         logging.info("SDK fallbacks forced on: stock workflow sandbox, stream without subscriber tracking")
     builtin_tools.set_workspace(settings.workspace)

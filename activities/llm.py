@@ -107,6 +107,14 @@ class LlmActivities:
             )
         return self._client
 
+    def warm_up(self) -> None:
+        """Make the model client now, not on the first call: building its TLS
+        context takes ~30 ms, which the first answer after a worker starts
+        (a deploy, a crash, an evicted conversation) would otherwise wait
+        for. Without an API key it does nothing (the call then says why)."""
+        if self._api_key:
+            self._openai_client()
+
     @activity.defn(name="stream_assistant_response")
     async def stream_assistant_response(self, request: LlmRequest) -> LlmResult:
         info = activity.info()

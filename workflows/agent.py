@@ -94,6 +94,14 @@ SEARCH_ATTRIBUTE_KEYS: dict[str, Any] = {
 ABORT_AT_BOUNDARY_PATCH = "no-switch-while-aborting"
 
 
+def _written_by_previous_run(info: workflow.Info) -> bool:
+    """Whether the start input is the carry this conversation's previous run
+    wrote when it continued as new: only a run can continue itself. A retry
+    or a cron run also has a previous run, but is started with the client's
+    input again."""
+    return info.continued_run_id is not None and info.attempt == 1 and not info.cron_schedule
+
+
 @workflow.defn(name="AgentWorkflow")
 class AgentWorkflow:
     """One conversation. Hooks are bound by the worker (``build_worker(hooks=...)``)."""
@@ -136,10 +144,16 @@ class AgentWorkflow:
                     'The start input must be a JSON object such as {"prompt": "hi"}, '
                     f"not {type(raw).__name__}."
                 )
+            if _written_by_previous_run(workflow.info()):
+                # Through the same models: the walks that guard a client's
+                # input would cost ~15 ms on a long transcript at every switch
+                # and every replay of it.
+                return SessionInput.model_validate(raw)
             if nesting_depth(raw, START_INPUT_NESTING) > START_INPUT_NESTING:
                 raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
-            if session_input.carry is not None and workflow.info().continued_run_id is None:
+            info = workflow.info()
+            if session_input.carry is not None and (info.continued_run_id is None or info.cron_schedule):
                 raise InputError(
                     "`carry` is internal (it hands a conversation to its next run when it "
                     "continues as new): remove it from the start input."
