@@ -41,6 +41,7 @@ ROW_KEYS = (
     "project",
     "project-result",
     "project-local",
+    "project-local-result",
     "agents",
     "agents-run",
     "pydantic-ai",
@@ -70,6 +71,12 @@ def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
         ),
         "project-local": ProjectRow(
             name="this project, local tools", local_tools="*", task_queue="peers-project-local"
+        ),
+        "project-local-result": ProjectRow(
+            name="local tools, no subscriber",
+            local_tools="*",
+            follow=False,
+            task_queue="peers-project-local-result",
         ),
     }
     missing: dict[str, str] = {}
