@@ -112,6 +112,7 @@ class DevServer:
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     codec: CodecServer | None = None
+    _served: bool = False  # started once: a restart keeps this address
 
     @property
     def address(self) -> str:
@@ -135,7 +136,7 @@ class DevServer:
             raise
         return self
 
-    def _start_server(self) -> None:
+    def _start_server(self, attempt: int = 1) -> None:
         args = [
             temporal_cli(),
             "server",
@@ -160,9 +161,21 @@ class DevServer:
             args += ["--ui-codec-endpoint", self.codec.url]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for_port(self.port, 60, self.process)
+        try:
+            wait_for_port(self.port, 60, self.process)
+        except RuntimeError:
+            # Exited before listening: most often its port was taken between
+            # free_port() and its bind (another server's random internal
+            # ports). A first start may move to a fresh port; a restart
+            # keeps its address, which its clients and workers know.
+            if self._served or attempt >= 3:
+                raise
+            self.port = free_port()
+            self._start_server(attempt + 1)
+            return
         wait_for_port(self.ui_port, 60, self.process)
         self._wait_until_serving()
+        self._served = True
 
     def _wait_until_serving(self, timeout: float = 60) -> None:
         """The port opens before the frontend is healthy; wait for that too."""
