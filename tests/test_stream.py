@@ -264,32 +264,38 @@ async def test_the_first_token_is_sent_after_the_delay_when_the_answer_goes_on(
     assert events.tail == []
 
 
-def test_the_poll_cooldown_counts_from_the_start_of_the_previous_poll(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _waits(
+    monkeypatch: pytest.MonkeyPatch, interval_ms: int, polls: list[tuple[list[str], float]]
+) -> list[float]:
+    """For each poll (the events it brought, seconds it took, as the stream
+    client sees it), the wait ``PollInterval`` asks for before the next."""
     clock = [100.0]
     monkeypatch.setattr(client.time, "monotonic", lambda: clock[0])
-    interval = PollInterval(100)
+    interval = PollInterval(interval_ms)
     waits = []
-    # (seconds the poll took, as the stream client sees it) -> wait before the next
-    for took in (0.5, 0.02, 0.0, 0.1, 0.07):
+    for events, took in polls:
         clock[0] += took
+        for event in events:
+            interval.saw({"type": event})
         wait = interval.total_seconds()
         waits.append(round(wait, 3))
         clock[0] += wait
+    return waits
+
+
+def test_the_poll_cooldown_counts_from_the_start_of_the_previous_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deltas = ["message_update"]
+    polls = [(deltas, took) for took in (0.5, 0.02, 0.0, 0.1, 0.07)]
     # A poll that waited 500 ms for events is followed at once; quick ones
     # are spaced so that polls start at most every 100 ms.
-    assert waits == [0.0, 0.08, 0.1, 0.0, 0.03]
+    assert _waits(monkeypatch, 100, polls) == [0.0, 0.08, 0.1, 0.0, 0.03]
 
 
 def test_only_a_poll_that_brought_token_deltas_is_followed_by_a_cooldown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = [100.0]
-    monkeypatch.setattr(client.time, "monotonic", lambda: clock[0])
-    interval = PollInterval(200)
-    waits = []
-    # (events the poll brought, seconds it took) -> wait before the next poll
     polls = [
         (["agent_start", "turn_start", "message_start"], 0.01),  # a run starts: the first token next
         (["message_update"], 0.3),  # the first token, after a long poll: the model streams on
@@ -298,11 +304,4 @@ def test_only_a_poll_that_brought_token_deltas_is_followed_by_a_cooldown(
         (["tool_execution_end", "turn_end", "agent_end"], 0.01),  # nothing to batch: at once
         ([], 0.01),  # nothing (a draining stream): the cooldown stays
     ]
-    for events, took in polls:
-        clock[0] += took
-        for event in events:
-            interval.saw({"type": event})
-        wait = interval.total_seconds()
-        waits.append(round(wait, 3))
-        clock[0] += wait
-    assert waits == [0.0, 0.0, 0.19, 0.19, 0.0, 0.19]
+    assert _waits(monkeypatch, 200, polls) == [0.0, 0.0, 0.19, 0.19, 0.0, 0.19]
