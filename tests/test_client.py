@@ -12,6 +12,7 @@ import pytest
 
 from client import Conversation, ConversationNotFound, Refused
 from tests.support.stack import EventLog, Stack
+from tests.support.tools import guarded_call
 from workflows.models import AgentMessage, AssistantMessage, ToolResultMessage, UserMessage
 
 
@@ -337,13 +338,10 @@ async def test_fork_refuses_a_point_between_tool_calls_and_their_results(stack: 
 # --- approvals and refusals ------------------------------------------------------------------
 
 
-def guarded(call_id: str, text: str) -> dict[str, Any]:
-    return {"id": call_id, "name": "guarded_echo", "arguments": {"text": text}}
-
-
 async def test_approve_runs_the_call_and_reject_gives_the_model_the_reason(stack: Stack) -> None:
     stack.script(
-        {"tool_calls": [guarded("call_a", "yes please"), guarded("call_b", "rm -rf")]}, {"text": "ok"}
+        {"tool_calls": [guarded_call("call_a", "yes please"), guarded_call("call_b", "rm -rf")]},
+        {"text": "ok"},
     )
     chat = await stack.conversation()
     log = EventLog(stack.client, chat.id)

@@ -29,6 +29,7 @@ from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer
 from testbed.local_stack import DevServer
 from tests.support.stack import EventLog, Stack
+from tests.support.tools import guarded_call
 from workflows.contract import SessionState
 from workflows.models import EVENTS_TOPIC, AgentMessage, ToolResultMessage, UserMessage
 
@@ -461,10 +462,6 @@ async def test_chat_with_a_new_id_starts_that_conversation(stack: Stack) -> None
     assert (state.model, state.message_count) == (stack.model, 2)
 
 
-def guarded(call_id: str, text: str) -> dict[str, Any]:
-    return {"id": call_id, "name": "guarded_echo", "arguments": {"text": text}}
-
-
 def user_texts(messages: list[AgentMessage]) -> list[str]:
     return [m.content for m in messages if isinstance(m, UserMessage) and isinstance(m.content, str)]
 
@@ -480,7 +477,8 @@ def tool_results(messages: list[AgentMessage]) -> dict[str, tuple[bool, str]]:
 
 async def test_chat_y_approves_the_oldest_call_and_n_rejects_it_with_a_reason(stack: Stack) -> None:
     stack.script(
-        {"tool_calls": [guarded("call_a", "hello"), guarded("call_b", "rm -rf /")]}, {"text": "decided"}
+        {"tool_calls": [guarded_call("call_a", "hello"), guarded_call("call_b", "rm -rf /")]},
+        {"text": "decided"},
     )
     child, workflow_id = await start_chat(stack)
 
@@ -507,7 +505,8 @@ async def test_chat_y_approves_the_oldest_call_and_n_rejects_it_with_a_reason(st
 
 async def test_chat_attached_later_lists_waiting_calls_and_decides_them_by_id(stack: Stack) -> None:
     stack.script(
-        {"tool_calls": [guarded("call_a", "first"), guarded("call_b", "second")]}, {"text": "both decided"}
+        {"tool_calls": [guarded_call("call_a", "first"), guarded_call("call_b", "second")]},
+        {"text": "both decided"},
     )
     conversation = await stack.conversation()
     log = EventLog(stack.client, conversation.id)
@@ -697,7 +696,9 @@ async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Sta
 
 
 async def test_starter_approve_and_reject_decide_waiting_calls(stack: Stack) -> None:
-    stack.script({"tool_calls": [guarded("call_a", "yes"), guarded("call_b", "no")]}, {"text": "done"})
+    stack.script(
+        {"tool_calls": [guarded_call("call_a", "yes"), guarded_call("call_b", "no")]}, {"text": "done"}
+    )
     conversation = await stack.conversation()
     log = EventLog(stack.client, conversation.id)
     waiting = asyncio.create_task(starter(stack.dev_server, "prompt", conversation.id, "go", "--wait"))
@@ -782,7 +783,7 @@ async def test_starter_errors_are_one_line_on_stderr_with_exit_2(stack: Stack) -
 
 async def test_starter_list_shows_conversations_by_status_and_model(stack: Stack) -> None:
     idle = await stack.conversation()
-    stack.script({"tool_calls": [guarded("call_g", "wait for me")]}, {"text": "done"})
+    stack.script({"tool_calls": [guarded_call("call_g", "wait for me")]}, {"text": "done"})
     waiting = await stack.conversation()
     log = EventLog(stack.client, waiting.id)
     await waiting.prompt("ask", wait=False)

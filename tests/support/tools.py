@@ -6,6 +6,7 @@ import asyncio
 import base64
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -92,6 +93,11 @@ async def big_details(args: SizeArgs) -> ToolResult:
 @tool(description="Needs a person's approval before it runs.", requires_approval=True)
 async def guarded_echo(args: EchoArgs) -> str:
     return f"approved: {args.text}"
+
+
+def guarded_call(call_id: str, text: str) -> dict[str, Any]:
+    """A scripted model's call of ``guarded_echo``."""
+    return {"id": call_id, "name": "guarded_echo", "arguments": {"text": text}}
 
 
 class BulkyArgs(BaseModel):
