@@ -302,7 +302,7 @@ class ChatSession:
             return
         texts = [_message_text(message) for message in removed]
         self._restore = " ".join(texts)  # one line: the input line is single-line
-        count = f"{len(removed)} queued message{'' if len(removed) == 1 else 's'}"
+        count = _count(len(removed), "queued message")
         self._say(f"took {count} back into the input line: edit, then Enter sends them as one message")
 
     async def _reset(self, _: str) -> None:

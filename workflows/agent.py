@@ -144,7 +144,8 @@ class AgentWorkflow:
                     'The start input must be a JSON object such as {"prompt": "hi"}, '
                     f"not {type(raw).__name__}."
                 )
-            if _written_by_previous_run(workflow.info()):
+            info = workflow.info()
+            if _written_by_previous_run(info):
                 # Through the same models: the walks that guard a client's
                 # input would cost ~15 ms on a long transcript at every switch
                 # and every replay of it.
@@ -152,7 +153,6 @@ class AgentWorkflow:
             if nesting_depth(raw, START_INPUT_NESTING) > START_INPUT_NESTING:
                 raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
-            info = workflow.info()
             if session_input.carry is not None and (info.continued_run_id is None or info.cron_schedule):
                 raise InputError(
                     "`carry` is internal (it hands a conversation to its next run when it "
