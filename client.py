@@ -20,6 +20,7 @@ does not exist, or has ended, raises ``ConversationNotFound``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,9 +29,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowHistory,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
+)
 from temporalio.common import SearchAttributeKey, TypedSearchAttributes
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.contrib.workflow_streams import PollInput, PollResult
+from temporalio.contrib.workflow_streams._client import _decode_payload
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -487,15 +498,26 @@ _TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
 # Retries in a row without a new event before the error is the caller's:
 # 0.1 s doubling to 2 s, about 25 s in all.
 MAX_RETRIES = 15
+# The stream's wire protocol (workflows/stream.py).
+_POLL = "__temporal_workflow_stream_poll"
+_TRUNCATED = "TruncatedOffset"
+_DRAINING = "StreamDraining"
+_ENDED = (
+    WorkflowExecutionStatus.COMPLETED,
+    WorkflowExecutionStatus.FAILED,
+    WorkflowExecutionStatus.CANCELED,
+    WorkflowExecutionStatus.TERMINATED,
+    WorkflowExecutionStatus.TIMED_OUT,
+)
 
 
 class PollInterval(timedelta):
     """A poll cooldown counted from the start of the previous poll, not from
     its end: polls are still at most one per interval, but after a long poll
     that waited for events (an idle stream, a model thinking) the next poll
-    goes out at once instead of a whole interval later. The stream client
+    goes out at once instead of a whole interval later. ``_EventReader``
     reads ``total_seconds()`` when a poll has returned, as the time to wait
-    before the next one.
+    before the next one (a timedelta, as the stream's own client takes it).
 
     Only a stream of token deltas is worth batching: ``follow`` tells the
     interval each event a poll brought (``saw``), and a poll that brought
@@ -536,35 +558,154 @@ async def follow(
     until the workflow completes (then the retained events are drained first).
 
     Events are pi's camelCase dicts, as published. ``cooldown_ms`` is the
-    least time from one poll's start to the next's (``PollInterval``); each
-    poll is a long poll, so it only bounds how often a busy stream is read.
-    The default, 200 ms, is two of the LLM activity's batches
-    (``streamBatchMs``): every poll costs the workflow an update and a
-    workflow task, and polling each batch showed tokens no sooner to a
-    reader while doubling that cost (measured: 9 -> 5 updates per streamed
-    turn, bench/README.md). Only polls that brought token deltas are
-    followed by a cooldown (``PollInterval``), and the first event of a
-    quiet stream is not delayed: the long poll answers as soon as it is
-    published.
+    least time from one poll's start to the next's (``PollInterval``). A
+    caught-up subscriber long-polls (an update the workflow answers as soon
+    as an event is published), so the first event of a quiet stream is not
+    delayed; only polls that brought token deltas are followed by the
+    cooldown, and the read after a cooldown is a query, which costs the
+    workflow no history (``_EventReader``). The default, 200 ms, is two of
+    the LLM activity's batches (``streamBatchMs``): reading each batch
+    showed tokens no sooner to a reader while doubling the reads
+    (bench/README.md).
 
     A poll that fails transiently (see ``_TRANSIENT``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after
     ``MAX_RETRIES`` failures in a row the error is raised.
     """
-    stream = WorkflowStreamClient.create(client, workflow_id)
-    offset = from_offset
+    reader = _EventReader(client, workflow_id, from_offset, cooldown_ms)
     failures = 0
     while True:
         try:
-            cooldown = PollInterval(cooldown_ms)
-            async for item in stream.subscribe([EVENTS_TOPIC], from_offset=offset, poll_cooldown=cooldown):
-                offset = item.offset + 1
+            async for item in reader.items():
                 failures = 0
-                cooldown.saw(item.data)
-                yield item.offset, item.data
+                yield item
             return
         except RPCError as err:
             if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
                 raise
             await asyncio.sleep(min(2.0, 0.1 * 2**failures))
             failures += 1
+
+
+class _EventReader:
+    """Reads a conversation's ``events`` topic for ``follow``, polling as the
+    stream's own client does, with one change: a read that follows a
+    cooldown is a query.
+
+    A long-poll update is what a caught-up subscriber needs (it answers the
+    moment an event is published), but each one is an update and a workflow
+    task the server persists. After a cooldown the stream is busy (the last
+    poll brought token deltas), events are waiting, and nothing needs to
+    wait: a query reads them with no history event and no workflow task
+    (the worker answers it from its cache). When a query finds nothing new,
+    the next read is a long-poll update again. Measured (bench.peers, K=20):
+    7 -> 3 updates per streamed conversation.
+
+    A query cannot tell the workflow how far its subscriber has read, and a
+    conversation about to complete waits (up to ``SUBSCRIBER_GRACE``) for
+    its live subscribers to read the end: when a query brings ``agent_end``,
+    an update poll from the last event read tells it, in the background (it
+    returns at once; the reader does not wait for it)."""
+
+    def __init__(self, client: Client, workflow_id: str, offset: int, cooldown_ms: int) -> None:
+        self._client = client
+        self._handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(workflow_id)
+        self._ended: WorkflowHandle[Any, Any] | None = None  # the run that ended, once it has
+        self._cooldown_ms = cooldown_ms
+        self._by_query = False
+        self._acks: set[asyncio.Task[None]] = set()
+        self._converter = client.data_converter.payload_converter
+        self.offset = offset  # the next offset to yield
+
+    async def items(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        interval = PollInterval(self._cooldown_ms)
+        while True:
+            result = await self._read()
+            if result is None:
+                continue  # the read was answered otherwise (continue-as-new, truncation, end)
+            batch = [
+                (item.offset, self._converter.from_payload(_decode_payload(item.data)))
+                for item in result.items
+                if item.offset >= self.offset
+            ]
+            self.offset = max(self.offset, result.next_offset)
+            queried = self._by_query and self._ended is None  # else a long poll answered
+            if queried and any(event.get("type") == "agent_end" for _, event in batch):
+                self._acknowledge(batch[-1][0])
+            for offset, event in batch:
+                interval.saw(event)
+                yield offset, event
+            if result.more_ready:
+                continue  # a backlog: read on at once, the same way
+            if self._ended is not None:
+                return
+            wait = interval.total_seconds()
+            self._by_query = wait > 0
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+    def _poll(self, offset: int | None = None) -> PollInput:
+        return PollInput(topics=[EVENTS_TOPIC], from_offset=self.offset if offset is None else offset)
+
+    async def _read(self) -> PollResult | None:
+        if self._ended is not None:
+            return await self._ended.query(_POLL, self._poll(), result_type=PollResult)
+        if self._by_query:
+            with contextlib.suppress(WorkflowQueryFailedError, RPCError):
+                result = await self._handle.query(_POLL, self._poll(), result_type=PollResult)
+                if result.items:
+                    return result
+            self._by_query = False
+        return await self._long_poll()
+
+    async def _long_poll(self) -> PollResult | None:
+        """An update poll, as ``WorkflowStreamClient.subscribe`` makes it:
+        None when it found the run draining for continue-as-new, continued,
+        ended (the rest is then read by query from the run that ended) or
+        the offset truncated."""
+        polled_run_id: str | None = None
+        try:
+            update = await self._handle.start_update(
+                _POLL, self._poll(), wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=PollResult
+            )
+            polled_run_id = update.workflow_run_id
+            return await update.result()
+        except (WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
+            if isinstance(err, WorkflowUpdateFailedError):
+                cause = getattr(err.cause, "type", None)
+                if cause == _TRUNCATED:
+                    self.offset = 0  # read on from the oldest event retained
+                    return None
+                if cause == _DRAINING:
+                    await asyncio.sleep(self._cooldown_ms / 1000)
+                    return None
+            if isinstance(err.__cause__, asyncio.CancelledError):
+                raise err.__cause__ from None
+            try:
+                polled = self._client.get_workflow_handle(self._handle.id, run_id=polled_run_id)
+                described = await polled.describe()
+            except RPCError:
+                raise err from None
+            if described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                return None  # the handle follows the latest run
+            if described.run_id and described.status in _ENDED:
+                self._ended = self._client.get_workflow_handle(self._handle.id, run_id=described.run_id)
+                return None
+            raise
+
+    def _acknowledge(self, last: int) -> None:
+        """Tell the workflow this subscriber has read through ``last``."""
+
+        async def acknowledge() -> None:
+            with contextlib.suppress(Exception):  # at worst the workflow waits out its grace
+                update = await self._handle.start_update(
+                    _POLL,
+                    self._poll(last),
+                    wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                    result_type=PollResult,
+                )
+                await update.result()
+
+        task = asyncio.get_running_loop().create_task(acknowledge())
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -100,24 +99,24 @@ async def test_a_poll_aborted_by_a_failed_workflow_task_is_made_again(
     # workflow itself goes on. The subscriber polls again, losing nothing.
     stack.script(*SCRIPT)
     handle = await stack.start(prompt="go", closeWhenIdle=True)
+    real = client._EventReader._read
+    reads: list[int] = []
+    failed: list[int] = []
+
+    async def flaky(self: client._EventReader) -> Any:
+        reads.append(self.offset)
+        if self.offset > 0 and len(failed) < 2 and self.offset not in failed:
+            failed.append(self.offset)  # the first read from each of two offsets fails
+            raise ABORTED
+        return await real(self)
+
+    monkeypatch.setattr(client._EventReader, "_read", flaky)
+    live = await read_events(stack.client, handle.id)
     await handle.result()
-    full = await read_events(stack.client, handle.id)
-    real = WorkflowStreamClient.subscribe
-    starts: list[int] = []
-
-    async def flaky(self: WorkflowStreamClient, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        starts.append(kwargs["from_offset"])
-        count = 0
-        async for item in real(self, *args, **kwargs):
-            yield item
-            count += 1
-            if len(starts) <= 2 and count == 3:
-                raise ABORTED
-
-    monkeypatch.setattr(WorkflowStreamClient, "subscribe", flaky)
-    again = await read_events(stack.client, handle.id)
-    assert starts == [0, 3, 6]
-    assert again == full
+    monkeypatch.undo()
+    assert len(failed) == 2
+    assert all(reads.count(offset) >= 2 for offset in failed)  # made again from there
+    assert live == await read_events(stack.client, handle.id)
 
 
 async def test_a_subscriber_gives_up_on_an_error_that_does_not_pass(
@@ -129,22 +128,21 @@ async def test_a_subscriber_gives_up_on_an_error_that_does_not_pass(
     calls = 0
 
     def failing(error: RPCError) -> Any:
-        async def subscribe(self: WorkflowStreamClient, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async def read(self: client._EventReader) -> Any:
             nonlocal calls
             calls += 1
             raise error
-            yield
 
-        return subscribe
+        return read
 
     monkeypatch.setattr(client, "MAX_RETRIES", 2)
-    monkeypatch.setattr(WorkflowStreamClient, "subscribe", failing(ABORTED))
+    monkeypatch.setattr(client._EventReader, "_read", failing(ABORTED))
     with pytest.raises(RPCError, match="workflow task failure"):
         await read_events(stack.client, handle.id)
     assert calls == 3  # the first poll and two retries
     calls = 0
     denied = RPCError("Request unauthorized.", RPCStatusCode.PERMISSION_DENIED, b"")
-    monkeypatch.setattr(WorkflowStreamClient, "subscribe", failing(denied))
+    monkeypatch.setattr(client._EventReader, "_read", failing(denied))
     with pytest.raises(RPCError, match="unauthorized"):
         await read_events(stack.client, handle.id)
     assert calls == 1  # not retried
@@ -185,6 +183,43 @@ async def test_a_subscriber_between_polls_reads_the_end_before_completion(stack:
         "WORKFLOW_EXECUTION_COMPLETED",
     ]
     assert "TIMER_FIRED" not in tail
+
+
+async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_workflow(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long streamed answer: after each cooldown the subscriber reads what
+    # is waiting by query (no history event); only a caught-up subscriber
+    # long-polls with an update. A subscriber that stops at agent_end, read
+    # by query, still lets the conversation complete at once.
+    stack.script({"text": "many words " * 60, "delay_ms": 5, "chunk_chars": 4})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    queries = 0
+    real_query = client.WorkflowHandle.query
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal queries
+        queries += 1
+        return await real_query(self, *args, **kwargs)
+
+    monkeypatch.setattr(client.WorkflowHandle, "query", counted)
+    seen = []
+    async for _, data in follow(stack.client, handle.id, cooldown_ms=250):
+        seen.append(data)
+        if data["type"] == "agent_end":
+            break
+    await asyncio.wait_for(handle.result(), 0.9)  # sooner than the 1 s grace for subscribers
+    monkeypatch.undo()
+    assert seen == [e for e in await follow_all(stack, handle.id)]
+    events = kinds(await handle.fetch_history())
+    updates = events.count("WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
+    assert queries >= 3
+    assert updates <= 4  # the first polls, and the one telling the workflow the end was read
+    assert "TIMER_FIRED" not in events
+
+
+async def follow_all(stack: Stack, workflow_id: str) -> list[dict[str, Any]]:
+    return [data async for _, data in follow(stack.client, workflow_id)]
 
 
 async def test_without_subscribers_a_conversation_completes_at_once(stack: Stack) -> None:
