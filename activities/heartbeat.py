@@ -15,7 +15,18 @@ HEARTBEAT_EVERY = 0.5
 async def heartbeating() -> AsyncIterator[None]:
     """Heartbeat twice a second while the body runs, so a dead worker or an
     abort is noticed within seconds even while the body waits (a silent
-    model, a slow tool)."""
+    model, a slow tool).
+
+    Not in a local activity (a tool on the fast path): Temporal takes no
+    heartbeats from one (the workflow task that runs it is what times out),
+    and in temporalio 1.35 a heartbeat the SDK sends after a local activity
+    has completed (it sends them from a task of its own, a moment after
+    ``activity.heartbeat()``) blocks the worker's event loop for good in
+    ``record_activity_heartbeat``: seen in a benchmark, every conversation
+    on that worker stalled."""
+    if activity.info().is_local:
+        yield
+        return
 
     async def beat() -> None:
         while True:

@@ -1,0 +1,38 @@
+"""Activity heartbeats: sent by a running activity, never by a local one."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+import activities.heartbeat as heartbeat_module
+from activities.heartbeat import heartbeating
+
+
+async def _beats(monkeypatch: pytest.MonkeyPatch, *, is_local: bool) -> list[Any]:
+    monkeypatch.setattr(heartbeat_module, "HEARTBEAT_EVERY", 0.01)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, is_local=is_local)
+    beats: list[Any] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+
+    async def body() -> None:
+        async with heartbeating():
+            await asyncio.sleep(0.1)
+
+    await env.run(body)
+    return beats
+
+
+async def test_an_activity_heartbeats_while_its_body_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert len(await _beats(monkeypatch, is_local=False)) >= 3
+
+
+async def test_a_local_activity_sends_no_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SDK would send it from a task of its own, possibly after the local
+    # activity completed, which blocks the worker (activities/heartbeat.py).
+    assert await _beats(monkeypatch, is_local=True) == []
