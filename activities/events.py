@@ -63,8 +63,7 @@ class ActivityEventPublisher:
         self.tail: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> ActivityEventPublisher:
-        self._loop_task = asyncio.create_task(self._flush_loop())
-        return self
+        return self  # the flush loop starts with the first event (most tool calls publish none)
 
     async def __aexit__(
         self,
@@ -81,7 +80,18 @@ class ActivityEventPublisher:
 
     def publish(self, event: WireModel, *, flush: bool = False) -> None:
         """Buffer ``event``; ``flush`` sends the batch soon (first token, progress)."""
-        _append_merged(self._buffer, event.model_dump(mode="json"))
+        self._buffer_event(event.model_dump(mode="json"), flush)
+
+    def publish_delta(self, delta: dict[str, Any], *, flush: bool = False) -> None:
+        """``publish(MessageUpdateEvent(assistant_message_event=delta))`` for a
+        delta that is JSON already (the stream's, one per chunk), without
+        building and dumping the model."""
+        self._buffer_event({"type": "message_update", "assistantMessageEvent": dict(delta)}, flush)
+
+    def _buffer_event(self, event: dict[str, Any], flush: bool) -> None:
+        _append_merged(self._buffer, event)
+        if self._loop_task is None and not self._closing:
+            self._loop_task = asyncio.get_running_loop().create_task(self._flush_loop())
         if flush:
             self._urgent = True
             self._wake.set()

@@ -47,7 +47,6 @@ from workflows.models import (
     AssistantMessage,
     MessageRetryEvent,
     MessageStartEvent,
-    MessageUpdateEvent,
 )
 
 ContextTransform = Callable[[list[AgentMessage]], "list[AgentMessage] | Awaitable[list[AgentMessage]]"]
@@ -145,7 +144,7 @@ class LlmActivities:
                 raise failure from None
             metrics.answered(message)
             for event in closing:
-                events.publish(MessageUpdateEvent(assistant_message_event=event))
+                events.publish_delta(event)
         context_ref = None
         if self._context is not None:
             context_ref = self._context.save_soon(stored, [*request.messages, message])
@@ -235,7 +234,7 @@ async def _stream(
             )
         for delta in deltas:
             # The first token goes out at once; the rest in batches.
-            events.publish(MessageUpdateEvent(assistant_message_event=delta), flush=first_delta)
+            events.publish_delta(delta, flush=first_delta)
             first_delta = False
 
 

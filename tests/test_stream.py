@@ -17,7 +17,7 @@ import client
 from activities.events import ActivityEventPublisher
 from client import PollInterval, follow
 from tests.support.stack import EventLog, Stack, read_events
-from workflows.models import AgentStartEvent
+from workflows.models import AgentStartEvent, MessageUpdateEvent
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -340,3 +340,31 @@ def test_only_a_poll_that_brought_token_deltas_is_followed_by_a_cooldown(
         ([], 0.01),  # nothing (a draining stream): the cooldown stays
     ]
     assert _waits(monkeypatch, 200, polls) == [0.0, 0.0, 0.19, 0.19, 0.0, 0.19]
+
+
+async def test_a_delta_published_as_json_is_the_event_the_model_would_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # publish_delta skips building MessageUpdateEvent for each chunk; what it
+    # buffers (merged deltas included) must be what publish() would.
+    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(FakeStreamClient))
+    deltas = [
+        {"type": "text_start", "contentIndex": 0},
+        {"type": "text_delta", "contentIndex": 0, "delta": "Hel"},
+        {"type": "text_delta", "contentIndex": 0, "delta": "lo"},
+        {
+            "type": "toolcall_end",
+            "contentIndex": 1,
+            "toolCall": {"type": "toolCall", "id": "c", "arguments": {}},
+        },
+    ]
+    async with (
+        ActivityEventPublisher(batch_ms=10_000) as typed,
+        ActivityEventPublisher(batch_ms=10_000) as raw,
+    ):
+        for delta in deltas:
+            typed.publish(MessageUpdateEvent(assistant_message_event=dict(delta)))
+            raw.publish_delta(delta)
+    assert raw.tail == typed.tail
+    assert len(raw.tail) == 3  # the two text deltas merged
+    assert deltas[1]["delta"] == "Hel"  # the caller's dict is not merged into
