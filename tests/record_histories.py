@@ -238,6 +238,18 @@ async def idle_switch(client: Client, server: ScriptedModelServer, model: str) -
     return client.get_workflow_handle(handle.id)
 
 
+async def search_attributes(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    # Twelve quick turns: how often the counters are upserted during a run
+    # is in the commands (turn 10 before the search-attributes-by-time patch).
+    steps: list[dict[str, Any]] = [{"tool_calls": [call(f"e{i}", "echo", text=str(i))]} for i in range(11)]
+    server.script(model, [*steps, {"text": "done"}])
+    handle = await start(client, model, prompt="count", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -248,6 +260,7 @@ SCENARIOS: dict[str, Scenario] = {
     "agent_api": agent_api,
     "approval": approval,
     "idle_switch": idle_switch,
+    "search_attributes": search_attributes,
 }
 
 
@@ -260,7 +273,8 @@ async def record(names: list[str]) -> None:
     try:
         config = Settings.from_env(address=server.address, task_queue=TASK_QUEUE)
         client = await connect(config)
-        async with build_worker(client, config):
+        # The dev server has the agent's search attributes: their upserts are recorded too.
+        async with build_worker(client, config, search_attributes=True):
             for name, scenario in SCENARIOS.items():
                 if names and name not in names:
                     continue

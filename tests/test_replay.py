@@ -28,8 +28,11 @@ ROOT = Path(__file__).resolve().parent / "histories"
 CURRENT = sorted(ROOT.glob("*.json"))
 V1 = sorted((ROOT / "v1").glob("*.json"))
 # Recorded with tool declarations, before an abort answered at once (v2);
-# with each patch's own marker, before one marker stood for them all (v3).
+# with each patch's own marker, before one marker stood for them all (v3);
+# with the first combined marker, before search attributes were refreshed
+# by time (v4).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
+V4 = sorted((ROOT / "v4").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -38,10 +41,15 @@ def _stem(path: Path) -> str:
 
 def test_there_are_recorded_histories() -> None:
     expected = {"tools", "steering_and_follow_up", "abort_and_prompt", "errors", "continue_as_new"}
-    assert expected | {"subscriber_at_close", "agent_api", "approval", "idle_switch"} <= {
-        _stem(p) for p in CURRENT
-    }
+    assert expected | {
+        "subscriber_at_close",
+        "agent_api",
+        "approval",
+        "idle_switch",
+        "search_attributes",
+    } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
+    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V4}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -55,12 +63,14 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
     await replayer.replay_workflow(history)
 
 
-@pytest.mark.parametrize("path", CURRENT + V2 + V1, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V2 + V1])
+@pytest.mark.parametrize(
+    "path", CURRENT + V4 + V2 + V1, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V4 + V2 + V1]
+)
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
 
 
-@pytest.mark.parametrize("path", CURRENT, ids=[p.stem for p in CURRENT])
+@pytest.mark.parametrize("path", CURRENT + V4, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V4])
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a
     conversation that recorded its declarations does not care."""

@@ -6,6 +6,7 @@ an approval."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from temporalio.client import Client
@@ -74,3 +75,49 @@ async def test_conversations_are_found_by_status_and_model(stack: Stack) -> None
     await waiting.signal("abort")
     for handle in (idle, answered, running, waiting):
         await handle.signal("close")
+
+
+def agent_upserts(history: Any) -> list[dict[str, Any]]:
+    """The Agent* search attributes each upsert of the history set (the SDK's
+    own TemporalChangeVersion upsert left out)."""
+    upserts = []
+    for event in history.events:
+        if event.HasField("upsert_workflow_search_attributes_event_attributes"):
+            fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            values = {
+                name: json.loads(payload.data) for name, payload in fields.items() if name.startswith("Agent")
+            }
+            if values:
+                upserts.append(values)
+    return upserts
+
+
+async def test_a_fast_run_upserts_its_counters_once_at_the_end(stack: Stack) -> None:
+    # Twelve turns in well under SEARCH_ATTRIBUTE_INTERVAL: the status
+    # changes (running, then idle) carry the counters; no turn pays for an
+    # upsert of its own.
+    stack.script(
+        *[{"tool_calls": [{"id": f"e{i}", "name": "echo", "arguments": {"text": "x"}}]} for i in range(11)]
+    )
+    stack.script({"text": "done"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    await handle.result()
+    upserts = agent_upserts(await handle.fetch_history())
+    assert [u.get("AgentStatus") for u in upserts] == ["running", "idle"]
+    assert upserts[-1]["AgentTurns"] == 12
+
+
+async def test_a_slow_run_refreshes_its_counters_at_a_turn_boundary(stack: Stack) -> None:
+    # A turn that takes longer than SEARCH_ATTRIBUTE_INTERVAL (10 s): at the
+    # next turn boundary the counters are upserted while the run goes on.
+    stack.script({"tool_calls": [{"id": "s", "name": "slow", "arguments": {"seconds": 10.5, "steps": 3}}]})
+    stack.script({"tool_calls": [{"id": "e", "name": "echo", "arguments": {"text": "x"}}]})
+    stack.script({"text": "done"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    await handle.result()
+    upserts = agent_upserts(await handle.fetch_history())
+    assert [u.get("AgentStatus") for u in upserts] == ["running", None, "idle"]
+    # The refresh carried the counters that had changed: the first answer's tokens.
+    assert set(upserts[1]) <= {"AgentTurns", "AgentTotalTokens", "AgentCost"}
+    assert upserts[1]["AgentTotalTokens"] > 0
+    assert upserts[2]["AgentTurns"] == 3

@@ -12,7 +12,7 @@ bound in by ``workflows/bindings.py`` when the worker is built.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -82,7 +82,11 @@ SIGNALS_BEFORE_SWITCH = SIGNAL_LIMIT // 2
 START_INPUT_NESTING = MAX_NESTING + 8
 LINGER_PATCH = "linger-for-subscribers"
 SEARCH_ATTRIBUTES_PATCH = "search-attributes"
-# During a run, the turn, token and cost attributes are refreshed this often.
+# During a run, the turn, token and cost attributes are refreshed at a turn
+# boundary at most this often (workflow time); before the patch below, every
+# SEARCH_ATTRIBUTE_TURNS turns.
+SEARCH_ATTRIBUTE_INTERVAL = timedelta(seconds=10)
+SEARCH_ATTRIBUTES_BY_TIME_PATCH = "search-attributes-by-time"
 SEARCH_ATTRIBUTE_TURNS = 10
 SEARCH_ATTRIBUTE_KEYS: dict[str, Any] = {
     "AgentStatus": SearchAttributeKey.for_keyword("AgentStatus"),
@@ -123,6 +127,7 @@ class AgentWorkflow:
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go
         self._idle_switch_refused = False
+        self._counters_published_at: datetime | None = None  # this run's last counters upsert
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
         if session_input.prompt is not None and self._input_error is None:
             try:
@@ -722,9 +727,11 @@ class AgentWorkflow:
 
     def _sync_search_attributes(self) -> None:
         """Upsert the search attributes when the status or the model changes
-        (with the counters as they are then), and the counters alone every
-        SEARCH_ATTRIBUTE_TURNS turns of a long run: each upsert is a command
-        and a billable action, so not every turn pays for one."""
+        (with the counters as they are then), and the counters alone at most
+        every SEARCH_ATTRIBUTE_INTERVAL of a long run: each upsert is a
+        command, a billable action and a visibility write, so a fast agent's
+        turns do not each pay for one, and a slow one's counters are never
+        more than that interval (and a turn) behind."""
         session = self._session
         if not session.search_attributes:
             return  # the server lacks them (recorded when the conversation started)
@@ -733,19 +740,22 @@ class AgentWorkflow:
         changed = {name: value for name, value in values.items() if published.get(name) != value}
         if not changed:
             return
-        turns_behind = values["AgentTurns"] - int(published.get("AgentTurns", 0))
-        if (
-            "AgentStatus" not in changed
-            and "AgentModel" not in changed
-            and turns_behind < SEARCH_ATTRIBUTE_TURNS
-        ):
-            return
+        now = workflow.now()
+        if self._counters_published_at is None:
+            self._counters_published_at = now  # this run's start: a carried run published before
+        if "AgentStatus" not in changed and "AgentModel" not in changed:
+            if self._versions.has(SEARCH_ATTRIBUTES_BY_TIME_PATCH):
+                if now - self._counters_published_at < SEARCH_ATTRIBUTE_INTERVAL:
+                    return
+            elif values["AgentTurns"] - int(published.get("AgentTurns", 0)) < SEARCH_ATTRIBUTE_TURNS:
+                return
         if not self._versions.has(SEARCH_ATTRIBUTES_PATCH):
             return
         workflow.upsert_search_attributes(
             [SEARCH_ATTRIBUTE_KEYS[name].value_set(v) for name, v in changed.items()]
         )
         session.published.update(changed)
+        self._counters_published_at = now
 
 
 __all__ = ["AgentWorkflow"]

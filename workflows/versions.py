@@ -12,17 +12,43 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12"
-"""Marks a run started with every patch below in force."""
+CURRENT = "agent-2026-12-b"
+"""Marks a run started with every patch in force."""
+
+PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12": frozenset(
+        {
+            "recorded-tool-declarations",
+            "wait-for-cancelled-tools",
+            "instant-abort",
+            "idle-switch",
+            "linger-for-subscribers",
+            "search-attributes",
+            "no-switch-while-aborting",
+        }
+    ),
+}
+"""Earlier values of ``CURRENT``, each with the patches it stood for: a run
+that recorded one has those, and answers any later patch as its history
+says (it has none of them)."""
 
 
 class Versions:
     def __init__(self) -> None:
         self._current = False
+        self._implied: frozenset[str] = frozenset()
 
     def start(self) -> None:
-        """Call once, at the start of ``run``, before any other command."""
+        """Call once, at the start of ``run``, before any other command. A
+        new run records one marker (``CURRENT``); replaying, a marker the
+        history lacks is not recorded, so an older run finds its own."""
         self._current = workflow.patched(CURRENT)
+        if self._current:
+            return
+        for marker, patches in PREVIOUS.items():
+            if workflow.patched(marker):
+                self._implied = patches
+                return
 
     def has(self, patch_id: str) -> bool:
-        return self._current or workflow.patched(patch_id)
+        return self._current or patch_id in self._implied or workflow.patched(patch_id)
