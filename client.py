@@ -501,6 +501,9 @@ MAX_RETRIES = 15
 # The stream's wire protocol (workflows/stream.py).
 _POLL = "__temporal_workflow_stream_poll"
 _TRUNCATED = "TruncatedOffset"
+# A query answers from the worker's cache at once; one that takes longer
+# (no worker, a replay elsewhere) gives way to the long poll, which waits.
+_QUERY_TIMEOUT = timedelta(seconds=5)
 _DRAINING = "StreamDraining"
 _ENDED = (
     WorkflowExecutionStatus.COMPLETED,
@@ -605,7 +608,10 @@ class _EventReader:
     conversation about to complete waits (up to ``SUBSCRIBER_GRACE``) for
     its live subscribers to read the end: when a query brings ``agent_end``,
     an update poll from the last event read tells it, in the background (it
-    returns at once; the reader does not wait for it)."""
+    returns at once; the reader does not wait for it). After ``agent_end``
+    the next read is a long poll again: a query to a conversation that has
+    completed would replay its history on a worker. A query that does not
+    answer within ``_QUERY_TIMEOUT`` gives way to the long poll too."""
 
     def __init__(self, client: Client, workflow_id: str, offset: int, cooldown_ms: int) -> None:
         self._client = client
@@ -630,7 +636,8 @@ class _EventReader:
             ]
             self.offset = max(self.offset, result.next_offset)
             queried = self._by_query and self._ended is None  # else a long poll answered
-            if queried and any(event.get("type") == "agent_end" for _, event in batch):
+            run_ended = any(event.get("type") == "agent_end" for _, event in batch)
+            if queried and run_ended:
                 self._acknowledge(batch[-1][0])
             for offset, event in batch:
                 interval.saw(event)
@@ -640,7 +647,10 @@ class _EventReader:
             if self._ended is not None:
                 return
             wait = interval.total_seconds()
-            self._by_query = wait > 0
+            # After a run's end the conversation may complete: a query would
+            # then replay its history on a worker; the long poll learns it
+            # from the server.
+            self._by_query = wait > 0 and not run_ended
             if wait > 0:
                 await asyncio.sleep(wait)
 
@@ -652,7 +662,9 @@ class _EventReader:
             return await self._ended.query(_POLL, self._poll(), result_type=PollResult)
         if self._by_query:
             with contextlib.suppress(WorkflowQueryFailedError, RPCError):
-                result = await self._handle.query(_POLL, self._poll(), result_type=PollResult)
+                result = await self._handle.query(
+                    _POLL, self._poll(), result_type=PollResult, rpc_timeout=_QUERY_TIMEOUT
+                )
                 if result.items:
                     return result
             self._by_query = False
