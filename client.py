@@ -41,7 +41,6 @@ from temporalio.client import (
 )
 from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import PollInput, PollResult
-from temporalio.contrib.workflow_streams._client import _decode_payload
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -56,6 +55,7 @@ from workflows.contract import (
     WaitForIdleResult,
 )
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
+from workflows.stream import DRAINING_ERROR, POLL_UPDATE, TRUNCATED_ERROR, item_payload
 
 # The client, and the contract's models its methods take and return.
 __all__ = [
@@ -498,13 +498,9 @@ _TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
 # Retries in a row without a new event before the error is the caller's:
 # 0.1 s doubling to 2 s, about 25 s in all.
 MAX_RETRIES = 15
-# The stream's wire protocol (workflows/stream.py).
-_POLL = "__temporal_workflow_stream_poll"
-_TRUNCATED = "TruncatedOffset"
 # A query answers from the worker's cache at once; one that takes longer
 # (no worker, a replay elsewhere) gives way to the long poll, which waits.
 _QUERY_TIMEOUT = timedelta(seconds=5)
-_DRAINING = "StreamDraining"
 _ENDED = (
     WorkflowExecutionStatus.COMPLETED,
     WorkflowExecutionStatus.FAILED,
@@ -514,15 +510,15 @@ _ENDED = (
 )
 
 
-class PollInterval(timedelta):
+class PollInterval:
     """A poll cooldown counted from the start of the previous poll, not from
     its end: polls are still at most one per interval, but after a long poll
     that waited for events (an idle stream, a model thinking) the next poll
     goes out at once instead of a whole interval later. ``_EventReader``
-    reads ``total_seconds()`` when a poll has returned, as the time to wait
-    before the next one (a timedelta, as the stream's own client takes it).
+    asks ``next_wait()`` when a poll has returned: the seconds to wait
+    before the next one.
 
-    Only a stream of token deltas is worth batching: ``follow`` tells the
+    Only a stream of token deltas is worth batching: the reader tells the
     interval each event a poll brought (``saw``), and a poll that brought
     events but no ``message_update`` (a run starting, tools running, a turn
     ending) is followed at once, so the first token after them, or the end
@@ -530,26 +526,22 @@ class PollInterval(timedelta):
     nothing (the stream draining for continue-as-new) keeps the cooldown.
     """
 
-    _next_poll_at: float
-    _brought: bool | None  # since the last poll: None nothing, False no deltas, True deltas
-
-    def __new__(cls, milliseconds: float) -> PollInterval:
-        interval = super().__new__(cls, milliseconds=milliseconds)
-        interval._next_poll_at = time.monotonic()  # the first poll starts now
-        interval._brought = None
-        return interval
+    def __init__(self, milliseconds: float) -> None:
+        self._interval = milliseconds / 1000
+        self._next_poll_at = time.monotonic()  # the first poll starts now
+        self._brought: bool | None = None  # since the last poll: None nothing, False no deltas, True deltas
 
     def saw(self, event: Any) -> None:
         delta = isinstance(event, dict) and event.get("type") == "message_update"
         self._brought = bool(self._brought) or delta
 
-    def total_seconds(self) -> float:
+    def next_wait(self) -> float:
         now = time.monotonic()
         brought, self._brought = self._brought, None
         if brought is False:
             self._next_poll_at = now
             return 0.0
-        wait = max(0.0, super().total_seconds() - (now - self._next_poll_at))
+        wait = max(0.0, self._interval - (now - self._next_poll_at))
         self._next_poll_at = now + wait
         return wait
 
@@ -630,7 +622,7 @@ class _EventReader:
             if result is None:
                 continue  # the read was answered otherwise (continue-as-new, truncation, end)
             batch = [
-                (item.offset, self._converter.from_payload(_decode_payload(item.data)))
+                (item.offset, self._converter.from_payload(item_payload(item.data)))
                 for item in result.items
                 if item.offset >= self.offset
             ]
@@ -646,7 +638,7 @@ class _EventReader:
                 continue  # a backlog: read on at once, the same way
             if self._ended is not None:
                 return
-            wait = interval.total_seconds()
+            wait = interval.next_wait()
             # After a run's end the conversation may complete: a query would
             # then replay its history on a worker; the long poll learns it
             # from the server.
@@ -659,11 +651,11 @@ class _EventReader:
 
     async def _read(self) -> PollResult | None:
         if self._ended is not None:
-            return await self._ended.query(_POLL, self._poll(), result_type=PollResult)
+            return await self._ended.query(POLL_UPDATE, self._poll(), result_type=PollResult)
         if self._by_query:
             with contextlib.suppress(WorkflowQueryFailedError, RPCError):
                 result = await self._handle.query(
-                    _POLL, self._poll(), result_type=PollResult, rpc_timeout=_QUERY_TIMEOUT
+                    POLL_UPDATE, self._poll(), result_type=PollResult, rpc_timeout=_QUERY_TIMEOUT
                 )
                 if result.items:
                     return result
@@ -678,17 +670,17 @@ class _EventReader:
         polled_run_id: str | None = None
         try:
             update = await self._handle.start_update(
-                _POLL, self._poll(), wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=PollResult
+                POLL_UPDATE, self._poll(), wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=PollResult
             )
             polled_run_id = update.workflow_run_id
             return await update.result()
         except (WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
             if isinstance(err, WorkflowUpdateFailedError):
                 cause = getattr(err.cause, "type", None)
-                if cause == _TRUNCATED:
+                if cause == TRUNCATED_ERROR:
                     self.offset = 0  # read on from the oldest event retained
                     return None
-                if cause == _DRAINING:
+                if cause == DRAINING_ERROR:
                     await asyncio.sleep(self._cooldown_ms / 1000)
                     return None
             if isinstance(err.__cause__, asyncio.CancelledError):
@@ -711,7 +703,7 @@ class _EventReader:
         async def acknowledge() -> None:
             with contextlib.suppress(Exception):  # at worst the workflow waits out its grace
                 update = await self._handle.start_update(
-                    _POLL,
+                    POLL_UPDATE,
                     self._poll(last),
                     wait_for_stage=WorkflowUpdateStage.ACCEPTED,
                     result_type=PollResult,

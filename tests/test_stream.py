@@ -210,7 +210,7 @@ async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_work
             break
     await asyncio.wait_for(handle.result(), 0.9)  # sooner than the 1 s grace for subscribers
     monkeypatch.undo()
-    assert seen == [e for e in await follow_all(stack, handle.id)]
+    assert seen == await follow_all(stack, handle.id)
     events = kinds(await handle.fetch_history())
     updates = events.count("WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
     assert queries >= 3
@@ -312,7 +312,7 @@ def _waits(
         clock[0] += took
         for event in events:
             interval.saw({"type": event})
-        wait = interval.total_seconds()
+        wait = interval.next_wait()
         waits.append(round(wait, 3))
         clock[0] += wait
     return waits

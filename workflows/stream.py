@@ -41,6 +41,7 @@ PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 POLL_UPDATE = "__temporal_workflow_stream_poll"
 OFFSET_QUERY = "__temporal_workflow_stream_offset"
 DRAINING_ERROR = "StreamDraining"
+TRUNCATED_ERROR = "TruncatedOffset"
 
 # How long a conversation about to complete waits for its live subscribers
 # to read the last events (a subscriber polls again within its cooldown,
@@ -130,8 +131,7 @@ class EventStream:
         while True:
             batch: PollResult = read(PollInput(topics=[EVENTS_TOPIC], from_offset=offset))
             for item in batch.items:
-                payload = Payload.FromString(base64.b64decode(item.data))
-                events.append(converter.from_payloads([payload])[0])
+                events.append(converter.from_payloads([item_payload(item.data)])[0])
             if not batch.more_ready or batch.next_offset <= offset:
                 return events
             offset = batch.next_offset
@@ -167,6 +167,11 @@ class EventStream:
 
     def all_read(self) -> bool:
         return not self.polled or self.delivered >= self.offset()
+
+
+def item_payload(data: str) -> Payload:
+    """The payload of a poll result's item (sent base64-encoded)."""
+    return Payload.FromString(base64.b64decode(data))
 
 
 def partial_message(events: list[dict[str, Any]]) -> AssistantMessage | None:
