@@ -17,6 +17,13 @@ async def heartbeating() -> AsyncIterator[None]:
     abort is noticed within seconds even while the body waits (a silent
     model, a slow tool).
 
+    The first beat comes after ``HEARTBEAT_EVERY``, not at the start: a body
+    that ends sooner (a quick tool, a short answer) sends none. Each
+    heartbeat the worker sends is a call to the server that updates the
+    activity's state: three per tool round at the start of each activity,
+    measured at about a millisecond of server CPU per turn (bench/README.md).
+    The heartbeat timeout is counted from the activity's start either way.
+
     Not in a local activity (a tool on the fast path): Temporal takes no
     heartbeats from one (the workflow task that runs it is what times out),
     and in temporalio 1.35 a heartbeat the SDK sends after a local activity
@@ -30,8 +37,8 @@ async def heartbeating() -> AsyncIterator[None]:
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
             await asyncio.sleep(HEARTBEAT_EVERY)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:

@@ -13,8 +13,10 @@ import activities.heartbeat as heartbeat_module
 from activities.heartbeat import heartbeating
 
 
-async def _beats(monkeypatch: pytest.MonkeyPatch, *, is_local: bool) -> list[Any]:
-    monkeypatch.setattr(heartbeat_module, "HEARTBEAT_EVERY", 0.01)
+async def _beats(
+    monkeypatch: pytest.MonkeyPatch, *, is_local: bool, every: float = 0.01, body_seconds: float = 0.1
+) -> list[Any]:
+    monkeypatch.setattr(heartbeat_module, "HEARTBEAT_EVERY", every)
     env = ActivityEnvironment()
     env.info = dataclasses.replace(env.info, is_local=is_local)
     beats: list[Any] = []
@@ -22,7 +24,7 @@ async def _beats(monkeypatch: pytest.MonkeyPatch, *, is_local: bool) -> list[Any
 
     async def body() -> None:
         async with heartbeating():
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(body_seconds)
 
     await env.run(body)
     return beats
@@ -30,6 +32,11 @@ async def _beats(monkeypatch: pytest.MonkeyPatch, *, is_local: bool) -> list[Any
 
 async def test_an_activity_heartbeats_while_its_body_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(await _beats(monkeypatch, is_local=False)) >= 3
+
+
+async def test_a_body_shorter_than_the_interval_sends_no_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each heartbeat is a call to the server; a quick tool or a short answer needs none.
+    assert await _beats(monkeypatch, is_local=False, every=0.2, body_seconds=0.05) == []
 
 
 async def test_a_local_activity_sends_no_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
