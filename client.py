@@ -55,7 +55,7 @@ from workflows.contract import (
     WaitForIdleResult,
 )
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
-from workflows.stream import DRAINING_ERROR, POLL_UPDATE, TRUNCATED_ERROR, item_payload
+from workflows.stream import DRAINING_ERROR, POLL_UPDATE, RUN_END_UPDATE, TRUNCATED_ERROR, item_payload
 
 # The client, and the contract's models its methods take and return.
 __all__ = [
@@ -603,7 +603,17 @@ class _EventReader:
     returns at once; the reader does not wait for it). After ``agent_end``
     the next read is a long poll again: a query to a conversation that has
     completed would replay its history on a worker. A query that does not
-    answer within ``_QUERY_TIMEOUT`` gives way to the long poll too."""
+    answer within ``_QUERY_TIMEOUT`` gives way to the long poll too.
+
+    A cooldown would make the end of a run reach the subscriber up to a
+    cooldown late (the end comes at any moment of it). So when a run's
+    first cooldown starts, the reader also sends one update that returns
+    when the run has ended (``RUN_END_UPDATE``, answered with the offset
+    past its ``agent_end``, no events); if the end comes during a
+    cooldown, the cooldown is cut short and the end is read at once by long
+    poll (which also tells the workflow it was read). One such update per
+    run; a worker without it, or a refusal, leaves the cooldowns as they
+    were."""
 
     def __init__(self, client: Client, workflow_id: str, offset: int, cooldown_ms: int) -> None:
         self._client = client
@@ -612,39 +622,86 @@ class _EventReader:
         self._cooldown_ms = cooldown_ms
         self._by_query = False
         self._acks: set[asyncio.Task[None]] = set()
+        self._run_end: asyncio.Task[int | None] | None = None  # waits for the run's end
+        self._run_end_wanted = True  # one wait per run (again once one was released for continue-as-new)
         self._converter = client.data_converter.payload_converter
         self.offset = offset  # the next offset to yield
 
     async def items(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         interval = PollInterval(self._cooldown_ms)
-        while True:
-            result = await self._read()
-            if result is None:
-                continue  # the read was answered otherwise (continue-as-new, truncation, end)
-            batch = [
-                (item.offset, self._converter.from_payload(item_payload(item.data)))
-                for item in result.items
-                if item.offset >= self.offset
-            ]
-            self.offset = max(self.offset, result.next_offset)
-            queried = self._by_query and self._ended is None  # else a long poll answered
-            run_ended = any(event.get("type") == "agent_end" for _, event in batch)
-            if queried and run_ended:
-                self._acknowledge(batch[-1][0])
-            for offset, event in batch:
-                interval.saw(event)
-                yield offset, event
-            if result.more_ready:
-                continue  # a backlog: read on at once, the same way
-            if self._ended is not None:
-                return
-            wait = interval.next_wait()
-            # After a run's end the conversation may complete: a query would
-            # then replay its history on a worker; the long poll learns it
-            # from the server.
-            self._by_query = wait > 0 and not run_ended
-            if wait > 0:
-                await asyncio.sleep(wait)
+        try:
+            while True:
+                result = await self._read()
+                if result is None:
+                    continue  # the read was answered otherwise (continue-as-new, truncation, end)
+                batch = [
+                    (item.offset, self._converter.from_payload(item_payload(item.data)))
+                    for item in result.items
+                    if item.offset >= self.offset
+                ]
+                self.offset = max(self.offset, result.next_offset)
+                queried = self._by_query and self._ended is None  # else a long poll answered
+                run_ended = any(event.get("type") == "agent_end" for _, event in batch)
+                if queried and run_ended:
+                    self._acknowledge(batch[-1][0])
+                for offset, event in batch:
+                    interval.saw(event)
+                    if event.get("type") == "agent_start":
+                        self._run_end_wanted = True
+                    yield offset, event
+                if result.more_ready:
+                    continue  # a backlog: read on at once, the same way
+                if self._ended is not None:
+                    return
+                wait = interval.next_wait()
+                # After a run's end the conversation may complete: a query would
+                # then replay its history on a worker; the long poll learns it
+                # from the server.
+                self._by_query = wait > 0 and not run_ended
+                if wait > 0:
+                    await self._cool_down(wait, run_ended)
+        finally:
+            if self._run_end is not None:
+                self._run_end.cancel()
+
+    async def _cool_down(self, seconds: float, run_ended: bool) -> None:
+        """Wait ``seconds`` before the next read, or less when the run ends
+        meanwhile: then the next read is a long poll, at once."""
+        if self._run_end is None and self._run_end_wanted and not run_ended:
+            self._run_end_wanted = False
+            self._run_end = asyncio.get_running_loop().create_task(self._wait_for_run_end(self.offset))
+        if self._run_end is None:
+            await asyncio.sleep(seconds)
+            return
+        started = time.monotonic()
+        done, _ = await asyncio.wait({self._run_end}, timeout=seconds)
+        if not done:
+            return
+        end, self._run_end = self._run_end.result(), None
+        if end is not None and end > self.offset:
+            self._by_query = False  # the end is not read yet: read it now
+            return
+        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
+    async def _wait_for_run_end(self, from_offset: int) -> int | None:
+        """The offset past the ``agent_end`` of the run in progress, once
+        published; None when the wait was released for continue-as-new, or
+        refused (no run in progress, a worker without the update)."""
+        try:
+            update = await self._handle.start_update(
+                RUN_END_UPDATE,
+                from_offset,
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                result_type=int | None,  # type: ignore[arg-type]
+            )
+            end: int | None = await update.result()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # refused, or the run gone: the cooldowns alone, as before
+            return None
+        if end is None:
+            self._run_end_wanted = True  # released for continue-as-new: wait again on the next run
+        return end
 
     def _poll(self, offset: int | None = None) -> PollInput:
         return PollInput(topics=[EVENTS_TOPIC], from_offset=self.offset if offset is None else offset)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -18,6 +19,7 @@ from activities.events import ActivityEventPublisher
 from client import PollInterval, follow
 from tests.support.stack import EventLog, Stack, read_events
 from workflows.models import AgentStartEvent, MessageUpdateEvent
+from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -216,6 +218,75 @@ async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_work
     assert queries >= 3
     assert updates <= 4  # the first polls, and the one telling the workflow the end was read
     assert "TIMER_FIRED" not in events
+
+
+async def test_the_end_of_a_run_cuts_a_cooldown_short(stack: Stack) -> None:
+    # An answer streaming for under a second, read with a 5 s cooldown: the
+    # subscriber is in its first cooldown when the run ends, and reads the
+    # end at once (one update waited for it), not 5 s later.
+    stack.script({"text": "many words " * 60, "delay_ms": 5, "chunk_chars": 4})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    started = time.monotonic()
+    seen = []
+    async for _, data in follow(stack.client, handle.id, cooldown_ms=5000):
+        seen.append(data)
+        if data["type"] == "agent_end":
+            break
+    assert time.monotonic() - started < 3.5
+    await asyncio.wait_for(handle.result(), 0.9)  # the read told the workflow: no grace waited out
+    assert seen == await follow_all(stack, handle.id)
+    history = await handle.fetch_history()
+    accepted = [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        for e in history.events
+        if e.HasField("workflow_execution_update_accepted_event_attributes")
+    ]
+    waits = [name for name in accepted if name == RUN_END_UPDATE]
+    assert len(waits) == 1
+
+
+async def test_a_run_continuing_as_new_releases_the_wait_for_its_end(stack: Stack) -> None:
+    # Every turn streams text and continues as new: each run's wait for the
+    # end is released (the switch waits for every handler) and the
+    # subscriber reads every event once, across the runs.
+    turns = [
+        {
+            "text": f"turn {i} " * 20,
+            "tool_calls": [{"id": f"t{i}", "name": "echo", "arguments": {"text": str(i)}}],
+            "delay_ms": 5,
+            "chunk_chars": 4,
+        }
+        for i in range(3)
+    ]
+    stack.script(*turns, {"text": "all done " * 20, "delay_ms": 5, "chunk_chars": 4})
+    handle = await stack.start(prompt="go", closeWhenIdle=True, continueAsNewAfterTurns=1)
+    seen = []
+
+    async def read_to_end() -> None:
+        async for _, data in follow(stack.client, handle.id, cooldown_ms=300):
+            seen.append(data)
+            if data["type"] == "agent_end":
+                break
+
+    await asyncio.wait_for(read_to_end(), 60)  # a wait never released would hold the switch for good
+    await asyncio.wait_for(handle.result(), 30)
+    assert seen == await follow_all(stack, handle.id)
+    assert [e["type"] for e in seen].count("turn_end") == 4
+    runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+    assert len(runs) >= 3
+
+
+async def test_waiting_for_the_end_when_no_run_is_in_progress_is_refused(stack: Stack) -> None:
+    stack.script({"text": "done"})
+    handle = await stack.start(prompt="go")
+    async for _, data in follow(stack.client, handle.id):
+        if data["type"] == "agent_end":
+            break
+    offset = await handle.query(OFFSET_QUERY, result_type=int)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(RUN_END_UPDATE, offset, result_type=int)
+    assert "No run is in progress" in str(refused.value.cause)
+    await handle.signal("close")
 
 
 async def follow_all(stack: Stack, workflow_id: str) -> list[dict[str, Any]]:

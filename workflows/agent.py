@@ -118,6 +118,7 @@ class AgentWorkflow:
         carry = session_input.carry or SessionCarry()
         self._stream = EventStream(carry.stream)
         self._stream.track()
+        self._stream.run_active = lambda: self._session.is_busy()
         settings = SessionSettings.model_validate(
             session_input.model_dump(include=set(SessionSettings.model_fields))
         )

@@ -40,6 +40,9 @@ from workflows.models import EVENTS_TOPIC, AssistantMessage, WireModel
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 POLL_UPDATE = "__temporal_workflow_stream_poll"
 OFFSET_QUERY = "__temporal_workflow_stream_offset"
+# This project's addition: an update that returns when the run in progress
+# has ended (``EventStream.track``).
+RUN_END_UPDATE = "__agent_stream_run_end"
 DRAINING_ERROR = "StreamDraining"
 TRUNCATED_ERROR = "TruncatedOffset"
 
@@ -71,6 +74,8 @@ class EventStream:
         self.model_call_offset: int | None = None  # where the model call in progress started
         self._model_publishers: set[str] = set()
         self._closed_publishers: deque[str] = deque(maxlen=64)
+        self.run_active: Callable[[], bool] = lambda: False  # set by the workflow
+        self._run_end: int | None = None  # the offset just past the last agent_end published
 
     def track(self) -> None:
         """Count the signals this execution takes and track how far live
@@ -111,8 +116,36 @@ class EventStream:
 
         workflow.set_update_handler(POLL_UPDATE, on_poll, validator=validate_poll)
 
+        async def on_run_end(from_offset: int) -> int | None:
+            """The offset just past the ``agent_end`` of the run in progress
+            at ``from_offset``, once it is published; None when released
+            for continue-as-new. Its answer carries no events (its result
+            stays in the history): the subscriber reads them by poll. Why:
+            a busy stream is read after cooldowns, so without it the end
+            would reach a subscriber up to a cooldown late (client.py)."""
+            self.updates += 1
+            await workflow.wait_condition(lambda: self._detached or (self._run_end or 0) > from_offset)
+            return None if self._detached else self._run_end
+
+        def validate_run_end(from_offset: int) -> None:
+            if self._detached:
+                raise ApplicationError(
+                    "Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR
+                )
+            if not isinstance(from_offset, int) or isinstance(from_offset, bool) or from_offset < 0:
+                raise ApplicationError(
+                    "from_offset must be an offset (a whole number >= 0)", type="InvalidInput"
+                )
+            if not self.run_active() and (self._run_end or 0) <= from_offset:
+                raise ApplicationError("No run is in progress", type="NoRun")
+
+        # Released by ``detach_pollers``, which comes before continue-as-new and completion.
+        workflow.set_update_handler(RUN_END_UPDATE, on_run_end, validator=validate_run_end)
+
     def publish(self, event: WireModel | dict[str, Any]) -> None:
         self._events.publish(event)
+        if getattr(event, "type", None) == "agent_end":
+            self._run_end = self.offset()
 
     def offset(self) -> int:
         """The stream's global offset: where the next event will be."""
