@@ -48,7 +48,7 @@ TRUNCATED_ERROR = "TruncatedOffset"
 
 # How long a conversation about to complete waits for its live subscribers
 # to read the last events (a subscriber polls again within its cooldown,
-# 100 ms by default). Without it a subscriber that was between polls reads
+# 200 ms by default). Without it a subscriber that was between polls reads
 # the tail by query, which replays the whole history on a worker.
 SUBSCRIBER_GRACE = timedelta(seconds=1)
 # Without subscriber tracking: two poll cooldowns.

@@ -35,9 +35,10 @@ class ProjectRow(Row):
     """AGENT_LOCAL_TOOLS of its worker ("*": the fast path, tools as local activities)."""
     follow: bool = True
     """Follow the events topic to ``agent_end`` (as the chat does); else only
-    wait for the result, as the floor's client does. A subscriber polls at
-    most every 200 ms, so it sees the end up to 200 ms after it was
-    published: 0 to ~10 ms per turn over this scenario's 21 turns."""
+    wait for the result, as the floor's client does. A subscriber reads a
+    busy stream at most every 200 ms; the end of the run cuts that short
+    (one update waits for it), so it sees the end a long poll after it was
+    published."""
     task_queue: str = TASK_QUEUE
 
     async def start(self, stack: Stack) -> None:
