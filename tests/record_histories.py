@@ -30,6 +30,7 @@ from testbed.local_stack import DevServer
 from testbed.scripted_model import ScriptedModelServer
 from tests.support.stack import EventLog
 from worker import build_worker
+from workflows.stream import RUN_END_UPDATE
 
 # Recordings of the current version; tests/histories/v1/ keeps those made
 # before tool declarations were recorded (they replay on the legacy path).
@@ -158,6 +159,32 @@ async def subscriber_at_close(
     return handle
 
 
+async def busy_subscriber(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    # A subscriber reading a long streamed answer after cooldowns: its one
+    # update waiting for the run's end is in the history.
+    server.script(
+        model,
+        [
+            {"tool_calls": [call("b", "echo", text="x")], "text": "checking " * 10, "delay_ms": 5},
+            {"text": "a long streamed answer " * 30, "delay_ms": 5, "chunk_chars": 4},
+        ],
+    )
+    handle = await start(client, model, prompt="stream", closeWhenIdle=True)
+    async for _, event in follow(client, handle.id):
+        if event["type"] == "agent_end":
+            break
+    await handle.result()
+    accepted = [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        for e in (await handle.fetch_history()).events
+        if e.HasField("workflow_execution_update_accepted_event_attributes")
+    ]
+    assert RUN_END_UPDATE in accepted, accepted
+    return handle
+
+
 async def agent_api(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
     """SPEC §8: a prompt with a list, configure, clear_queues, reset, wait_for_idle."""
     server.script(
@@ -257,6 +284,7 @@ SCENARIOS: dict[str, Scenario] = {
     "errors": errors,
     "continue_as_new": continue_as_new,
     "subscriber_at_close": subscriber_at_close,
+    "busy_subscriber": busy_subscriber,
     "agent_api": agent_api,
     "approval": approval,
     "idle_switch": idle_switch,

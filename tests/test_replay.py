@@ -47,9 +47,11 @@ def test_there_are_recorded_histories() -> None:
         "approval",
         "idle_switch",
         "search_attributes",
+        "busy_subscriber",  # holds the update waiting for the run's end
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
-    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V4}
+    # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
+    assert {_stem(p) for p in CURRENT} - {"busy_subscriber"} <= {_stem(p) for p in V4}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
