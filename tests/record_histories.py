@@ -28,7 +28,7 @@ from runtime.connect import connect
 from runtime.settings import Settings
 from testbed.local_stack import DevServer
 from testbed.scripted_model import ScriptedModelServer
-from tests.support.stack import EventLog
+from tests.support.stack import EventLog, accepted_updates
 from worker import build_worker
 from workflows.stream import RUN_END_UPDATE
 
@@ -176,11 +176,7 @@ async def busy_subscriber(
         if event["type"] == "agent_end":
             break
     await handle.result()
-    accepted = [
-        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
-        for e in (await handle.fetch_history()).events
-        if e.HasField("workflow_execution_update_accepted_event_attributes")
-    ]
+    accepted = accepted_updates(await handle.fetch_history())
     assert RUN_END_UPDATE in accepted, accepted
     return handle
 

@@ -17,7 +17,7 @@ import activities.events as events_module
 import client
 from activities.events import ActivityEventPublisher
 from client import PollInterval, follow
-from tests.support.stack import EventLog, Stack, read_events
+from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.models import AgentStartEvent, MessageUpdateEvent
 from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE
 
@@ -235,13 +235,7 @@ async def test_the_end_of_a_run_cuts_a_cooldown_short(stack: Stack) -> None:
     assert time.monotonic() - started < 3.5
     await asyncio.wait_for(handle.result(), 0.9)  # the read told the workflow: no grace waited out
     assert seen == await follow_all(stack, handle.id)
-    history = await handle.fetch_history()
-    accepted = [
-        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
-        for e in history.events
-        if e.HasField("workflow_execution_update_accepted_event_attributes")
-    ]
-    waits = [name for name in accepted if name == RUN_END_UPDATE]
+    waits = [name for name in accepted_updates(await handle.fetch_history()) if name == RUN_END_UPDATE]
     assert len(waits) == 1
 
 

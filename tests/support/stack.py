@@ -159,3 +159,12 @@ class EventLog:
 
     def close(self) -> None:
         self._task.cancel()
+
+
+def accepted_updates(history: Any) -> list[str]:
+    """The names of the updates a workflow history accepted, in order."""
+    return [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        for e in history.events
+        if e.HasField("workflow_execution_update_accepted_event_attributes")
+    ]
