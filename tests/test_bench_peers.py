@@ -28,3 +28,28 @@ def test_bench_adapter_imports(adapter: str, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_bench_peers_entry_point_imports() -> None:
     importlib.import_module("bench.peers.__main__")
+
+
+def test_rows_are_compared_with_the_floor_of_the_same_round() -> None:
+    from bench.peers.__main__ import Sample, paired_ratios
+    from bench.peers.rows import Conversation
+
+    def sample(round_: int, seconds: float, server: float, worker: float) -> Sample:
+        cpu = {
+            "dev server": server,
+            "worker": worker,
+            "client": 0.0,
+            "model server": 0.0,
+            "idle workers": 0.0,
+        }
+        return Sample(round_, Conversation(seconds=seconds, turns=10), cpu, None, None)
+
+    # The machine slows down from round to round; the row stays at 0.9x the
+    # floor of its own round. Round 3 of the row failed (no sample): the
+    # floor's round 3 must not be paired with anything.
+    floor = [sample(r, 1.0 * r, 10.0 * r, 20.0 * r) for r in (1, 2, 3, 4)]
+    row = [sample(r, 0.9 * r, 11.0 * r, 18.0 * r) for r in (1, 2, 4)]
+    ratios = paired_ratios(row, floor)
+    assert ratios == {"rounds": 3, "ms_per_turn": 0.9, "dev_server_cpu": 1.1, "worker_client_cpu": 0.9}
+    # Medians of each row alone would mix rounds of different speeds.
+    assert paired_ratios(row, floor[:1])["rounds"] == 1

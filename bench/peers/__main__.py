@@ -11,7 +11,11 @@ One warm-up conversation per row, then ``--runs`` rounds in which every row
 runs one conversation, in an order rotated each round; medians. Per row:
 ms per turn (a turn is a model call) until the client has the final answer,
 CPU ms per turn of each process, history bytes, events and billable actions
-per turn (all runs of the conversation). Prints a table, then a JSON summary.
+per turn (all runs of the conversation), and each row against the floor
+round by round (the median of the rounds' ratios: the machine's load moves
+every row of a round alike, so a ratio of one round to the same round's
+floor holds still where each row's own median does not). Prints a table,
+then a JSON summary.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ ROW_KEYS = (
 
 @dataclass
 class Sample:
+    round: int  # the round it ran in (rows run one conversation each per round)
     conversation: Conversation
     cpu_ms: dict[str, float]  # by role
     history: History | None
@@ -95,7 +100,7 @@ def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
     return rows, missing
 
 
-async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int) -> Sample:
+async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int, run: int) -> Sample:
     model = f"{key}-{uuid.uuid4().hex[:8]}"
     await stack.model_server.script(model, steps(rounds))
     stored_before = _tree_bytes(row.payload_store)
@@ -118,7 +123,7 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
         "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
     }
     stored = None if stored_before is None or stored_after is None else stored_after - stored_before
-    return Sample(conversation, cpu, history, stored)
+    return Sample(run, conversation, cpu, history, stored)
 
 
 def _tree_bytes(root: Path | None) -> int | None:
@@ -146,6 +151,8 @@ async def main(runs: int, rounds: int, keys: list[str]) -> dict[str, Any]:
     base_ms = statistics.median(_ms_per_turn(s) for s in base) if base else None
     for key, row in rows.items():
         summary["rows"][key] = _summarise(row.name, samples[key], base_ms, errors[key])
+        if key not in ("floor", "baseline") and samples.get("floor") and samples[key]:
+            summary["rows"][key]["to_floor_by_round"] = paired_ratios(samples[key], samples["floor"])
     summary["missing"] = {key: missing[key] for key in keys if key in missing}
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
@@ -169,7 +176,7 @@ async def run_rows(
         for run in range(runs + 1):  # the first round warms every row up and is dropped
             for key in order[run % len(order) :] + order[: run % len(order)]:
                 try:
-                    sample = await measure(rows[key], key, stack, meter, rounds)
+                    sample = await measure(rows[key], key, stack, meter, rounds, run)
                 except Exception as err:  # one failed conversation must not lose the others' figures
                     errors[key].append(f"{type(err).__name__}: {err}")
                     continue
@@ -183,6 +190,26 @@ async def run_rows(
 
 def _ms_per_turn(sample: Sample) -> float:
     return sample.conversation.seconds * 1000 / sample.conversation.turns
+
+
+PAIRED = {
+    "ms_per_turn": _ms_per_turn,
+    "dev_server_cpu": lambda s: s.cpu_ms["dev server"] / s.conversation.turns,
+    "worker_client_cpu": lambda s: (s.cpu_ms["worker"] + s.cpu_ms["client"]) / s.conversation.turns,
+}
+
+
+def paired_ratios(samples: list[Sample], floor: list[Sample]) -> dict[str, float]:
+    """The median over the rounds both rows ran in of ``row / floor`` for
+    ms per turn, dev-server CPU and worker + client CPU per turn."""
+    floor_by_round = {s.round: s for s in floor}
+    pairs = [(s, floor_by_round[s.round]) for s in samples if s.round in floor_by_round]
+    out: dict[str, float] = {"rounds": len(pairs)}
+    for name, measure_of in PAIRED.items():
+        ratios = [measure_of(s) / measure_of(f) for s, f in pairs if measure_of(f) > 0]
+        if ratios:
+            out[name] = round(statistics.median(ratios), 2)
+    return out
 
 
 def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: list[str]) -> dict[str, Any]:
@@ -235,6 +262,19 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{cpu['worker']:>6} {cpu['client']:>6} {cpu['model server']:>5} | {hist_bytes:>11} "
             f"{events:>7} {row.get('actions_per_turn', '-'):>12}"
         )
+    paired = {
+        row["name"]: row["to_floor_by_round"]
+        for row in summary["rows"].values()
+        if "to_floor_by_round" in row
+    }
+    if paired:
+        print("against the floor, round by round (median of the rounds' ratios):")
+        print(f"  {'row':26} {'ms/turn':>8} {'server CPU':>10} {'worker+client CPU':>17}")
+        for name, ratios in paired.items():
+            print(
+                f"  {name:26} {ratios.get('ms_per_turn', '-'):>8} {ratios.get('dev_server_cpu', '-'):>10} "
+                f"{ratios.get('worker_client_cpu', '-'):>17}"
+            )
     print("billable actions per conversation (from history):")
     for row in summary["rows"].values():
         actions = row.get("actions_per_conversation")
