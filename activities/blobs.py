@@ -9,7 +9,10 @@ history, which a client may have written); what is read is checked against
 its digest, and a blob that fails the check is treated as missing (and
 removed, so the next write puts it back whole). Files are written
 atomically (a unique temporary file, fsync, rename) and readable by their
-owner only.
+owner only. The context store's files skip the fsync (``durable=False``):
+they are a cache of what the workflow holds, and one lost or torn by a
+power failure reads as missing (its digest does not match), after which
+the workflow resends the context inline.
 
 With a ``sealer`` (the encryption keys, ``runtime/encryption.py``) blobs are
 stored encrypted, under the digest of their plaintext, which is checked
@@ -86,9 +89,10 @@ def _opened(sealer: BlobSealer | None, where: str, blob: bytes, digest: str) -> 
 class FileBlobStore:
     """Blobs as files ``root/<first 2 hex>/<digest>``."""
 
-    def __init__(self, root: Path, sealer: BlobSealer | None = None) -> None:
+    def __init__(self, root: Path, sealer: BlobSealer | None = None, *, durable: bool = True) -> None:
         self.root = root
         self._sealer = sealer
+        self._durable = durable  # fsync each file before it is renamed into place
 
     def path(self, digest: str) -> Path:
         digest = checked_digest(digest)
@@ -117,8 +121,9 @@ class FileBlobStore:
         try:
             with os.fdopen(fd, "wb") as temp:
                 temp.write(_sealed(self._sealer, data, digest))
-                temp.flush()
-                os.fsync(temp.fileno())
+                if self._durable:
+                    temp.flush()
+                    os.fsync(temp.fileno())
             os.replace(temp_name, path)
         except BaseException:
             Path(temp_name).unlink(missing_ok=True)

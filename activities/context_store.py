@@ -9,7 +9,10 @@ names a whole context (its segments, in order). The workflow passes the
 last manifest's digest plus the messages added since; the activity rebuilds
 the context, stores the new messages and its answer as one segment, and
 returns the new manifest's digest. History per turn stays constant, and a
-turn writes two blobs (each fsynced) whatever its number of messages.
+turn writes two blobs whatever its number of messages. The store is a cache
+of what the workflow holds: a blob that is gone (or torn, failing its
+digest) makes ``load`` raise ``ContextMissing`` and the workflow resend the
+context inline, so its files are not fsynced (``runtime/payloads.py``).
 
 Manifests written before segments (a JSON list of per-message digests)
 are still read; the next save keeps those messages where they are.

@@ -97,3 +97,40 @@ async def test_a_turn_writes_one_segment_and_old_manifests_still_read(tmp_path: 
     with pytest.raises(ContextMissing):
         await ContextStore(FileBlobStore(tmp_path)).load(new_digest)
     assert isinstance(Manifest.from_json(old_manifest), Manifest)
+
+
+def test_the_context_cache_skips_fsync_and_a_torn_blob_reads_as_missing(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Stored context is a cache of what the workflow holds, so its files are
+    not fsynced (two a model call); a file torn by a power failure fails its
+    digest and reads as missing, which makes the workflow resend inline.
+    External payloads are the only copy of a payload: those are fsynced."""
+    import asyncio
+    import os
+
+    import pytest
+
+    from activities.context_store import ContextMissing, ContextStore, Manifest
+    from runtime.payloads import FileSystemStorageDriver, blob_store
+    from runtime.settings import Settings
+    from workflows.models import UserMessage
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+
+    blobs = blob_store(Settings.from_env({"AGENT_STORAGE_DIR": str(tmp_path)}))
+    assert blobs is not None
+    store = ContextStore(blobs)
+    digest = asyncio.run(store.save(Manifest(), [UserMessage(content="one", timestamp=1)]))
+    written = [p for p in (tmp_path / "context").rglob("*") if p.is_file()]
+    assert len(written) == 2 and not synced
+
+    FileSystemStorageDriver(tmp_path / "payloads").blobs("default").write("a" * 64, b"payload")
+    assert len(synced) == 1
+
+    for path in written:
+        path.write_bytes(path.read_bytes()[:5])  # torn: a prefix of the content survived
+    with pytest.raises(ContextMissing):
+        asyncio.run(ContextStore(blobs).load(digest))  # a fresh store: nothing cached
