@@ -343,8 +343,10 @@ class Conversation:
         range or would cut between tool calls and their results."""
         state, messages = await self.snapshot()
         _check_fork_point(messages, at)
+        # All of them, the tools the model may call included: a fork never
+        # offers the model a tool its original had switched off (a worker
+        # lacking one of them refuses the fork's start, saying which).
         current = state.model_dump(include=set(AgentSettings.model_fields), by_alias=False)
-        current.pop("tools", None)  # the new conversation declares its worker's tools
         with self._refusals():
             task_queue = (await self.handle.describe()).task_queue
         return await Conversation._start(

@@ -322,6 +322,24 @@ async def test_fork_starts_from_the_first_n_messages_and_takes_a_prompt(stack: S
     await fork.close()
 
 
+async def test_fork_keeps_the_tools_the_model_may_call(stack: Stack) -> None:
+    """A conversation that switched tools off forks into one that has them
+    off too: a fork must not offer the model a tool the user took away."""
+    stack.script({"text": "first"}, {"text": "from the fork"})
+    chat = await stack.conversation()
+    await until(lambda: has_tools(chat))
+    await chat.configure(tools=["echo"])
+    await chat.prompt("hi")
+
+    fork = await chat.fork(at=2)
+    await fork.prompt("again")
+
+    assert (await fork.state()).tools == ["echo"]
+    offered = [sorted(tool["function"]["name"] for tool in request["tools"]) for request in stack.requests()]
+    assert offered == [["echo"], ["echo"]]
+    await fork.close()
+
+
 async def test_fork_refuses_a_point_between_tool_calls_and_their_results(stack: Stack) -> None:
     stack.script(slow_tool(0.1), {"text": "done"})
     chat = await stack.conversation()
