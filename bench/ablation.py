@@ -47,6 +47,7 @@ ROUNDS = (5, 20)
 
 async def main(runs: int) -> dict[str, Any]:
     bench.DATA.mkdir(parents=True, exist_ok=True)
+    bench.fresh_payload_store()
     dev = DevServer(log_path=bench.DATA / "server.log").start()
     server = ScriptedModelServer().start()
     env = bench.stack_env(dev, server)

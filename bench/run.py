@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -438,6 +439,15 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+def fresh_payload_store() -> None:
+    """Empty the benchmark's payload store. Every benchmark starts an
+    in-memory dev server, so what earlier runs stored is unreachable; kept,
+    it grew by thousands of files a run, and ``bench.peers`` walks the store
+    before and after each conversation to count what it wrote (seconds per
+    conversation once it held ~30,000 files)."""
+    shutil.rmtree(DATA / "payloads", ignore_errors=True)
+
+
 def stack_env(dev: DevServer, server: ScriptedModelServer) -> dict[str, str]:
     """Worker settings for the benchmark's stack; the payload store is shared
     with this process (its client reads stored payloads too). The tools'
@@ -460,6 +470,7 @@ def stack_env(dev: DevServer, server: ScriptedModelServer) -> dict[str, str]:
 
 async def main(runs: int, n: int, idle: int = 1000) -> dict[str, Any]:
     DATA.mkdir(parents=True, exist_ok=True)
+    fresh_payload_store()
     dev = DevServer(log_path=DATA / "server.log").start()
     server = ScriptedModelServer().start()
     env = {**stack_env(dev, server), "TEMPORAL_TASK_QUEUE": TASK_QUEUE}

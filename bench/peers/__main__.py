@@ -135,6 +135,9 @@ def _tree_bytes(root: Path | None) -> int | None:
 async def main(runs: int, rounds: int, keys: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     DATA.mkdir(parents=True, exist_ok=True)
+    from bench.run import fresh_payload_store  # imports the project, as this project's row does
+
+    fresh_payload_store()
     rows, missing = available_rows()
     rows = {key: rows[key] for key in keys if key in rows}
     dev = DevServer(log_path=DATA / "server.log").start()
