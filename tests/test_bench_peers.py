@@ -50,6 +50,32 @@ def test_rows_are_compared_with_the_floor_of_the_same_round() -> None:
     floor = [sample(r, 1.0 * r, 10.0 * r, 20.0 * r) for r in (1, 2, 3, 4)]
     row = [sample(r, 0.9 * r, 11.0 * r, 18.0 * r) for r in (1, 2, 4)]
     ratios = paired_ratios(row, floor)
+    spread = ratios.pop("spread")
     assert ratios == {"rounds": 3, "ms_per_turn": 0.9, "dev_server_cpu": 1.1, "worker_client_cpu": 0.9}
+    assert spread == {
+        "ms_per_turn": [0.9, 0.9],
+        "dev_server_cpu": [1.1, 1.1],
+        "worker_client_cpu": [0.9, 0.9],
+    }
     # Medians of each row alone would mix rounds of different speeds.
     assert paired_ratios(row, floor[:1])["rounds"] == 1
+
+
+def test_the_spread_of_paired_ratios_is_their_middle_half() -> None:
+    from bench.peers.__main__ import Sample, _ratio_cell, paired_ratios
+    from bench.peers.rows import Conversation
+
+    def sample(round_: int, server: float) -> Sample:
+        cpu = {"dev server": server, "worker": 10.0, "client": 0.0, "model server": 0.0, "idle workers": 0.0}
+        return Sample(round_, Conversation(seconds=1.0, turns=10), cpu, None, None)
+
+    floor = [sample(r, 10.0) for r in range(1, 6)]
+    # Server CPU against the floor, round by round: 0.9, 1.0, 1.1, 1.2, 1.5.
+    row = [sample(r, 10.0 * ratio) for r, ratio in zip(range(1, 6), (0.9, 1.0, 1.1, 1.2, 1.5), strict=True)]
+    ratios = paired_ratios(row, floor)
+    assert ratios["dev_server_cpu"] == 1.1
+    assert ratios["spread"]["dev_server_cpu"] == [1.0, 1.2]
+    assert _ratio_cell(ratios, "dev_server_cpu") == "1.1 (1.0-1.2)"
+    # One round gives a median and no spread.
+    one = paired_ratios(row[:1], floor)
+    assert "spread" not in one and _ratio_cell(one, "dev_server_cpu") == "0.9"

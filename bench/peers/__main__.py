@@ -202,17 +202,33 @@ PAIRED = {
 }
 
 
-def paired_ratios(samples: list[Sample], floor: list[Sample]) -> dict[str, float]:
+def paired_ratios(samples: list[Sample], floor: list[Sample]) -> dict[str, Any]:
     """The median over the rounds both rows ran in of ``row / floor`` for
-    ms per turn, dev-server CPU and worker + client CPU per turn."""
+    ms per turn, dev-server CPU and worker + client CPU per turn; under
+    ``spread``, the middle half of those rounds' ratios (first and third
+    quartiles), so a reader sees how far one run's median can be trusted."""
     floor_by_round = {s.round: s for s in floor}
     pairs = [(s, floor_by_round[s.round]) for s in samples if s.round in floor_by_round]
-    out: dict[str, float] = {"rounds": len(pairs)}
+    out: dict[str, Any] = {"rounds": len(pairs)}
+    spread: dict[str, list[float]] = {}
     for name, measure_of in PAIRED.items():
         ratios = [measure_of(s) / measure_of(f) for s, f in pairs if measure_of(f) > 0]
         if ratios:
             out[name] = round(statistics.median(ratios), 2)
+        if len(ratios) >= 2:
+            first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
+            spread[name] = [round(first, 2), round(third, 2)]
+    if spread:
+        out["spread"] = spread
     return out
+
+
+def _ratio_cell(ratios: dict[str, Any], key: str) -> str:
+    """``median (first-third quartile)`` of a row's paired ratios, or what there is."""
+    if key not in ratios:
+        return "-"
+    spread = ratios.get("spread", {}).get(key)
+    return f"{ratios[key]} ({spread[0]}-{spread[1]})" if spread else str(ratios[key])
 
 
 def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: list[str]) -> dict[str, Any]:
@@ -271,13 +287,11 @@ def print_table(summary: dict[str, Any]) -> None:
         if "to_floor_by_round" in row
     }
     if paired:
-        print("against the floor, round by round (median of the rounds' ratios):")
-        print(f"  {'row':26} {'ms/turn':>8} {'server CPU':>10} {'worker+client CPU':>17}")
+        print("against the floor, round by round (median of the rounds' ratios; middle half of them):")
+        print(f"  {'row':26} {'ms/turn':>18} {'server CPU':>18} {'worker+client CPU':>18}")
         for name, ratios in paired.items():
-            print(
-                f"  {name:26} {ratios.get('ms_per_turn', '-'):>8} {ratios.get('dev_server_cpu', '-'):>10} "
-                f"{ratios.get('worker_client_cpu', '-'):>17}"
-            )
+            cells = [_ratio_cell(ratios, key) for key in PAIRED]
+            print(f"  {name:26} " + " ".join(f"{cell:>18}" for cell in cells))
     print("billable actions per conversation (from history):")
     for row in summary["rows"].values():
         actions = row.get("actions_per_conversation")
