@@ -33,8 +33,20 @@ from temporalio.converter import (
 )
 from temporalio.exceptions import ApplicationError
 
+UNCOMPRESSED_KEY = "compression"
+UNCOMPRESSED = b"none"
+"""Metadata of a control payload (a model class with ``uncompressed``: the
+``state`` query, the settings in force, a prompt's receipt) that the codec
+leaves plain JSON at any size (``CompressionCodec``)."""
+
 
 class _DecodeSafeJSONConverter(PydanticJSONPlainPayloadConverter):
+    def to_payload(self, value: Any) -> Payload | None:
+        payload = super().to_payload(value)
+        if payload is not None and getattr(type(value), "uncompressed", False) is True:
+            payload.metadata[UNCOMPRESSED_KEY] = UNCOMPRESSED
+        return payload
+
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         try:
             return super().from_payload(payload, type_hint)

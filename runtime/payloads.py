@@ -40,7 +40,7 @@ from temporalio.converter import (
 )
 
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
-from runtime.converter import AgentPayloadConverter, refused_payload
+from runtime.converter import UNCOMPRESSED, UNCOMPRESSED_KEY, AgentPayloadConverter, refused_payload
 from runtime.encryption import CodecChain, EncryptionCodec, keyring
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 
@@ -216,8 +216,10 @@ def blob_store(settings: Settings) -> BlobStore | None:
 
 
 class CompressionCodec(PayloadCodec):
-    """zlib-compresses payloads of at least ``threshold`` bytes (None: none),
-    and decompresses any compressed payload up to ``max_decompressed`` bytes.
+    """zlib-compresses payloads of at least ``threshold`` bytes (None: none)
+    but control payloads (marked by the converter: the ``state`` query, the
+    settings in force, a prompt's receipt, which clients without this codec
+    read), and decompresses any compressed payload up to ``max_decompressed`` bytes.
 
     The event stream's poll results and the final transcripts are large,
     repetitive JSON: compressed they take a fifth of the history. Smaller
@@ -236,7 +238,12 @@ class CompressionCodec(PayloadCodec):
         if self._threshold is None:
             return list(payloads)
         threshold = self._threshold
-        return [self._compress(p) if p.ByteSize() >= threshold else p for p in payloads]
+        return [
+            self._compress(p)
+            if p.ByteSize() >= threshold and p.metadata.get(UNCOMPRESSED_KEY) != UNCOMPRESSED
+            else p
+            for p in payloads
+        ]
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
         return [await self._decode(p) for p in payloads]

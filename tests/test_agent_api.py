@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowUpdateFailedError
 
 from tests.support.stack import EventLog, Stack
 
@@ -61,9 +61,55 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
     assert [t["function"]["name"] for t in request["tools"]] == ["calculator"]
     state = await handle.query("state")
     assert state["model"] == other_model and state["systemPrompt"] == "Be brief."
-    for bad in ({"model": ""}, {"tools": ["teleport"]}, {"thinkingLevel": "max"}, {"followUpMode": "some"}):
+    for bad in (
+        {"model": ""},
+        {"model": "   "},
+        {"tools": ["teleport"]},
+        {"thinkingLevel": "max"},
+        {"followUpMode": "some"},
+    ):
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update("configure", bad)
+    assert (await handle.query("state"))["model"] == other_model
+    await handle.signal("close")
+
+
+async def test_state_and_settings_read_as_plain_json_with_every_key_by_a_client_without_the_codec(
+    stack: Stack,
+) -> None:
+    """SPEC §10: the state query and the control updates' results stay plain
+    JSON at any size (a long system prompt, a long streaming message), so a
+    client with the SDK's default converter reads them; SPEC §8: the keys
+    are there, null where unset."""
+    handle = await stack.start()
+    plain = (await Client.connect(stack.dev_server.address)).get_workflow_handle(handle.id)
+    long_prompt = "Answer carefully and cite the tool results you used. " * 100  # over the 2 KB threshold
+    settings = await plain.execute_update("configure", {"systemPrompt": long_prompt})
+    assert settings["systemPrompt"] == long_prompt
+    assert settings["maxTurns"] is None and settings["approvalTimeoutSeconds"] is None
+    state = await plain.query("state")
+    assert state["systemPrompt"] == long_prompt and state["runs"] == 0
+    assert state["streamingMessage"] is None and state["errorMessage"] is None and state["maxCost"] is None
+    reset = await plain.execute_update("reset")
+    assert reset["systemPrompt"] == long_prompt and reset["messageCount"] == 0
+    await handle.signal("close")
+
+
+async def test_clear_queues_refuses_anything_but_the_three_names(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"})
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.signal("steer", "kept")
+    await asyncio.sleep(0.2)
+    for bad in ("", False, 0, {}, [], "Steering"):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("clear_queues", bad)
+        assert 'clear_queues takes "steering", "followUp" or "all"' in str(refused.value.cause)
+    assert (await handle.query("state"))["steeringQueue"] == 1  # nothing was cleared
+    assert [m["content"] for m in await handle.execute_update("clear_queues")] == ["kept"]  # none: all
+    await log.wait_for_type("agent_end")
+    log.close()
     await handle.signal("close")
 
 
@@ -110,7 +156,8 @@ async def test_reset_clears_the_session_and_is_refused_while_running(stack: Stac
 async def test_wait_for_idle_returns_when_the_run_ends(stack: Stack) -> None:
     handle = await stack.start()
     idle = await handle.execute_update("wait_for_idle")
-    assert idle == {"runs": 0, "messages": []}
+    # SPEC's shape, every key present: no run yet, so no stop reason (null).
+    assert idle == {"runs": 0, "stopReason": None, "messages": []}
     stack.script({"tool_calls": [call("s1", "slow", seconds=0.5)]}, {"text": "done"})
     await handle.execute_update("prompt", "work")
     idle = await handle.execute_update("wait_for_idle")
@@ -129,7 +176,7 @@ async def test_state_is_streaming_for_the_whole_run_with_the_partial_message(sta
     await log.wait_for_type("tool_execution_start")
     during_tools = await handle.query("state")
     assert during_tools["isStreaming"] is True and during_tools["pendingToolCalls"] == ["s1"]
-    assert "streamingMessage" not in during_tools
+    assert during_tools["streamingMessage"] is None  # SPEC: else null (the key is there)
     await log.wait_for_type("message_update", count=4)
     streaming = await handle.query("state")
     partial = streaming["streamingMessage"]
@@ -138,7 +185,7 @@ async def test_state_is_streaming_for_the_whole_run_with_the_partial_message(sta
     await log.wait_for_type("agent_end")
     log.close()
     idle = await handle.query("state")
-    assert idle["isStreaming"] is False and "streamingMessage" not in idle
+    assert idle["isStreaming"] is False and idle["streamingMessage"] is None
     await handle.signal("close")
 
 

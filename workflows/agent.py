@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SessionResult,
         SessionSettings,
         SessionState,
+        SettingsInForce,
         WaitForIdleResult,
     )
     from workflows.inputs import (
@@ -520,7 +521,7 @@ class AgentWorkflow:
         self._session.check_continue()
 
     @workflow.update(name="configure")
-    async def configure(self, *args: Any) -> AgentSettings:
+    async def configure(self, *args: Any) -> SettingsInForce:
         """Change settings (model, system prompt, thinking level, tools, queue
         modes, limits); they apply from the next model call or queue poll."""
         session = self._session
@@ -568,7 +569,7 @@ class AgentWorkflow:
                     f"Unknown tool(s) {', '.join(unknown_tools)}: this conversation's worker "
                     f"declared {declared}."
                 )
-        if "model" in fields and not patch.model:
+        if "model" in fields and not (patch.model or "").strip():
             raise InputError("The model name is empty: name a model, e.g. gpt-4o-mini.")
         return patch, fields
 
@@ -583,8 +584,10 @@ class AgentWorkflow:
 
     @clear_queues.validator
     def _validate_clear_queues(self, *args: Any) -> None:
-        which = single_argument(args, "clear_queues", optional=True) or "all"
-        if which not in ("steering", "followUp", "all"):
+        # No argument (or null) clears both; anything else must be one of the
+        # three names (an empty string or false is refused, not read as "all").
+        which = single_argument(args, "clear_queues", optional=True)
+        if which is not None and (not isinstance(which, str) or which not in ("steering", "followUp", "all")):
             raise InputError(f'clear_queues takes "steering", "followUp" or "all", not {which!r}.')
 
     @workflow.update(name="reset")

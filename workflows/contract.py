@@ -58,6 +58,14 @@ class AgentSettings(WireModel):
     approval_timeout_seconds: float | None = Field(default=None, gt=0)
 
 
+class SettingsInForce(AgentSettings):
+    """The settings a conversation runs with now (``configure``'s result, and
+    part of ``state``): every key present, ``null`` where unset."""
+
+    keep_nulls = True
+    uncompressed = True
+
+
 class SessionSettings(AgentSettings):
     """What a conversation runs with; every field is optional in the JSON."""
 
@@ -137,12 +145,16 @@ class PromptResult(WireModel):
     accepted: subscribe to the ``events`` topic from ``event_offset`` to see
     exactly this run's events."""
 
+    uncompressed = True
+
     run: int
     event_offset: int
 
 
 class WaitForIdleResult(WireModel):
     """Returned by ``wait_for_idle`` (pi's ``waitForIdle()``)."""
+
+    keep_nulls = True
 
     runs: int
     stop_reason: StopReason | None = None
@@ -168,8 +180,9 @@ class ApprovalRequest(WireModel):
     reason: str | None = None
 
 
-class SessionState(AgentSettings):
-    """Result of the ``state`` query: the session and the settings in force."""
+class SessionState(SettingsInForce):
+    """Result of the ``state`` query: the session and the settings in force
+    (every key present, ``null`` where unset)."""
 
     status: Status
     is_streaming: bool
@@ -261,6 +274,7 @@ __all__ = [
     "SessionResult",
     "SessionSettings",
     "SessionState",
+    "SettingsInForce",
     "ThinkingLevel",
     "ToolDeclaration",
     "ToolExecutionMode",

@@ -2,12 +2,14 @@
 
 JSON uses pi's camelCase names (so pi clients and session files can read what
 we write); Python attributes are snake_case. Fields that are ``None`` are left
-out of the JSON, as pi leaves optional fields out.
+out of the JSON, as pi leaves optional fields out, except in the views a
+reader looks keys up in (``keep_nulls``: the ``state`` query, the settings
+in force, ``wait_for_idle``'s result), which write them as ``null``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,7 +29,17 @@ def _is_none(value: Any) -> bool:
 
 class WireModel(BaseModel):
     """Base of every model that crosses a process boundary. Optional fields
-    (default ``None``) are left out of the JSON while they are ``None``."""
+    (default ``None``) are left out of the JSON while they are ``None``,
+    unless the class sets ``keep_nulls``."""
+
+    keep_nulls: ClassVar[bool] = False
+    """Write optional fields as ``null`` instead of leaving them out: a view
+    whose keys a reader looks up (``state["streamingMessage"]``)."""
+    uncompressed: ClassVar[bool] = False
+    """A control payload (the ``state`` query, the settings in force, a
+    prompt's receipt): the payload converter marks it so that the codec
+    leaves it plain JSON at any size, readable by a client without the
+    codec (SPEC section 10)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -52,10 +64,19 @@ class WireModel(BaseModel):
 
     @classmethod
     def _exclude_none_fields(cls) -> None:
-        optional = [f for f in cls.model_fields.values() if f.default is None and f.exclude_if is None]
-        for field in optional:
-            field.exclude_if = _is_none
-        if optional:
+        # Inherited fields come with the parent's choice: a view that keeps
+        # nulls undoes it (its fields are its own copies).
+        wanted = None if cls.keep_nulls else _is_none
+        changed = [
+            field
+            for field in cls.model_fields.values()
+            if field.default is None
+            and field.exclude_if in (None, _is_none)
+            and field.exclude_if is not wanted
+        ]
+        for field in changed:
+            field.exclude_if = wanted
+        if changed:
             BaseModel.model_rebuild.__func__(cls, force=True, raise_errors=False)  # type: ignore[attr-defined]
 
 

@@ -20,6 +20,7 @@ from workflows.contract import (
     SessionCarry,
     SessionSettings,
     SessionState,
+    SettingsInForce,
     Status,
     WaitForIdleResult,
 )
@@ -222,7 +223,7 @@ class Session:
         self.abort_requested = True
         return True
 
-    def configure(self, patch: AgentSettings, fields: set[str]) -> AgentSettings:
+    def configure(self, patch: AgentSettings, fields: set[str]) -> SettingsInForce:
         """Apply the fields a ``configure`` update set; the settings now in force."""
         for name in fields:
             setattr(self.settings, name, getattr(patch, name))
@@ -230,9 +231,9 @@ class Session:
         self.follow_up.mode = self.settings.follow_up_mode
         return self.settings_in_force()
 
-    def settings_in_force(self) -> AgentSettings:
+    def settings_in_force(self) -> SettingsInForce:
         """The settings now in force (``tools``: the names the model may call)."""
-        settings = AgentSettings.model_validate(
+        settings = SettingsInForce.model_validate(
             self.settings.model_dump(include=set(AgentSettings.model_fields))
         )
         settings.tools = list(self.enabled_tools())
