@@ -273,6 +273,33 @@ async def search_attributes(
     return handle
 
 
+async def idle_waiter_at_switch(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """``wait_for_idle`` asked during a run that is due to continue as new
+    after each turn (before the hold-switch-for-idle-waiters patch the run
+    switched mid-run and the waiter was told to ask again)."""
+    server.script(
+        model,
+        [
+            {"tool_calls": [call("w0", "echo", text="0", delay=0.3)]},
+            {"tool_calls": [call("w1", "echo", text="1")]},
+            {"text": "done"},
+        ],
+    )
+    handle = await start(client, model, prompt="count", continueAsNewAfterTurns=1)
+    latest = client.get_workflow_handle(handle.id)
+    for _ in range(10):
+        try:
+            await latest.execute_update("wait_for_idle")
+            break
+        except Exception as err:  # the old path: ContinuedAsNew, ask again
+            print(f"wait_for_idle: {getattr(err, 'cause', err)}")
+    await latest.signal("close")
+    await latest.result()
+    return latest
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -285,6 +312,7 @@ SCENARIOS: dict[str, Scenario] = {
     "approval": approval,
     "idle_switch": idle_switch,
     "search_attributes": search_attributes,
+    "idle_waiter_at_switch": idle_waiter_at_switch,
 }
 
 
@@ -303,7 +331,7 @@ async def record(names: list[str]) -> None:
                 if names and name not in names:
                     continue
                 handle = await scenario(client, model_server, f"rec-{name}")
-                if name in ("continue_as_new", "idle_switch"):
+                if name in ("continue_as_new", "idle_switch", "idle_waiter_at_switch"):
                     # Every run of the chain: each is replayed on its own.
                     runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
                     for index, run in enumerate(sorted(runs, key=lambda r: r.start_time)):

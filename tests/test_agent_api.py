@@ -166,6 +166,39 @@ async def test_wait_for_idle_returns_when_the_run_ends(stack: Stack) -> None:
     await handle.signal("close")
 
 
+async def test_wait_for_idle_answers_a_run_due_to_continue_as_new_after_every_turn(stack: Stack) -> None:
+    """SPEC §7-8: continue-as-new comes after all handlers finish, and
+    wait_for_idle returns when no run is active: a plain caller waiting
+    through a run that is due to switch after each turn gets its answer
+    (the run switches once idle), not a request to ask again."""
+    stack.script(
+        {"tool_calls": [call("w0", "echo", text="0", delay=0.3)]},
+        {"tool_calls": [call("w1", "echo", text="1")]},
+        {"text": "done"},
+    )
+    handle = await stack.start(prompt="count", continueAsNewAfterTurns=1)
+    idle = await handle.execute_update("wait_for_idle")
+    assert idle["runs"] == 1 and idle["stopReason"] == "stop"
+    assert [m["role"] for m in idle["messages"]] == [
+        "user",
+        "assistant",
+        "toolResult",
+        "assistant",
+        "toolResult",
+        "assistant",
+    ]
+    # Once idle it did switch: the next run carries the conversation on.
+    for _ in range(100):
+        runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        if len(runs) > 1:
+            break
+        await asyncio.sleep(0.05)
+    assert len(runs) == 2
+    latest = stack.client.get_workflow_handle(handle.id)
+    assert len(await latest.query("messages")) == 6
+    await latest.signal("close")
+
+
 async def test_state_is_streaming_for_the_whole_run_with_the_partial_message(stack: Stack) -> None:
     stack.script(
         {"tool_calls": [call("s1", "slow", seconds=1.0)]},

@@ -30,9 +30,11 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # Recorded with tool declarations, before an abort answered at once (v2);
 # with each patch's own marker, before one marker stood for them all (v3);
 # with the first combined marker, before search attributes were refreshed
-# by time (v4).
+# by time (v4); with the second, before a run due to continue as new waited
+# for its wait_for_idle callers (v5).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
+V5 = sorted((ROOT / "v5").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -48,10 +50,16 @@ def test_there_are_recorded_histories() -> None:
         "idle_switch",
         "search_attributes",
         "busy_subscriber",  # holds the update waiting for the run's end
+        "idle_waiter_at_switch",  # wait_for_idle during a run due to continue as new
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
-    assert {_stem(p) for p in CURRENT} - {"busy_subscriber"} <= {_stem(p) for p in V4}
+    assert {_stem(p) for p in CURRENT} - {"busy_subscriber", "idle_waiter_at_switch"} <= {
+        _stem(p) for p in V4
+    }
+    # Every scenario, recorded before the hold-switch-for-idle-waiters patch
+    # too (its old path: the waiter told to ask again at each switch).
+    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V5}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -66,13 +74,15 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", CURRENT + V4 + V2 + V1, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V4 + V2 + V1]
+    "path",
+    CURRENT + V5 + V4 + V2 + V1,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V5 + V4 + V2 + V1],
 )
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
 
 
-@pytest.mark.parametrize("path", CURRENT + V4, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V4])
+@pytest.mark.parametrize("path", CURRENT + V5 + V4, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V5 + V4])
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a
     conversation that recorded its declarations does not care."""

@@ -97,6 +97,13 @@ SEARCH_ATTRIBUTE_KEYS: dict[str, Any] = {
     "AgentCost": SearchAttributeKey.for_float("AgentCost"),
 }
 ABORT_AT_BOUNDARY_PATCH = "no-switch-while-aborting"
+# While a wait_for_idle caller waits, a run due to continue as new at a turn
+# boundary goes on instead and switches once idle (SPEC: continue-as-new
+# after all handlers finish), unless its history grows past these (well
+# under Temporal's 51,200 events and 50 MB) or the signal limit nears.
+HOLD_SWITCH_PATCH = "hold-switch-for-idle-waiters"
+HOLD_SWITCH_MAX_EVENTS = 20_000
+HOLD_SWITCH_MAX_BYTES = 20 * 1024 * 1024
 
 
 def _written_by_previous_run(info: workflow.Info) -> bool:
@@ -128,6 +135,7 @@ class AgentWorkflow:
         self._calls = ActivityCalls(self._session, self._stream, self._now_ms, self._versions)
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go
+        self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
         self._counters_published_at: datetime | None = None  # this run's last counters upsert
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
@@ -428,9 +436,22 @@ class AgentWorkflow:
         or past half the signal limit."""
         every = self._session.settings.continue_as_new_after_turns
         turns = self._session.turns.this_execution + (1 if in_batch else 0)
-        return (
+        due = (
             workflow.info().is_continue_as_new_suggested()
             or (every is not None and turns >= every)
+            or self._stream.signals >= SIGNALS_BEFORE_SWITCH
+        )
+        if due and self._idle_waiters and not self._must_switch() and self._versions.has(HOLD_SWITCH_PATCH):
+            return False  # once idle: the wait_for_idle callers get their answer first
+        return due
+
+    def _must_switch(self) -> bool:
+        """The history is too long (or the signal limit too near) to wait
+        for the run's end before continuing as new."""
+        info = workflow.info()
+        return (
+            info.get_current_history_length() >= HOLD_SWITCH_MAX_EVENTS
+            or info.get_current_history_size() >= HOLD_SWITCH_MAX_BYTES
             or self._stream.signals >= SIGNALS_BEFORE_SWITCH
         )
 
@@ -607,9 +628,16 @@ class AgentWorkflow:
 
     @workflow.update(name="wait_for_idle", unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
     async def wait_for_idle(self, *args: Any) -> WaitForIdleResult:
-        """pi's ``waitForIdle()``: returns when no run is active."""
+        """pi's ``waitForIdle()``: returns when no run is active. A run due to
+        continue as new meanwhile waits for its end (``HOLD_SWITCH_PATCH``),
+        unless its history is too long to: then the caller is told to ask
+        again."""
         session = self._session
-        await workflow.wait_condition(lambda: not session.is_busy() or self._switching)
+        self._idle_waiters += 1
+        try:
+            await workflow.wait_condition(lambda: not session.is_busy() or self._switching)
+        finally:
+            self._idle_waiters -= 1
         if session.is_busy():
             raise ApplicationError(
                 "The conversation is continuing as new: call wait_for_idle again.",

@@ -12,21 +12,24 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-b"
+CURRENT = "agent-2026-12-c"
 """Marks a run started with every patch in force."""
 
+_FIRST = frozenset(
+    {
+        "recorded-tool-declarations",
+        "wait-for-cancelled-tools",
+        "instant-abort",
+        "idle-switch",
+        "linger-for-subscribers",
+        "search-attributes",
+        "no-switch-while-aborting",
+    }
+)
+
 PREVIOUS: dict[str, frozenset[str]] = {
-    "agent-2026-12": frozenset(
-        {
-            "recorded-tool-declarations",
-            "wait-for-cancelled-tools",
-            "instant-abort",
-            "idle-switch",
-            "linger-for-subscribers",
-            "search-attributes",
-            "no-switch-while-aborting",
-        }
-    ),
+    "agent-2026-12-b": _FIRST | {"search-attributes-by-time"},
+    "agent-2026-12": _FIRST,
 }
 """Earlier values of ``CURRENT``, each with the patches it stood for: a run
 that recorded one has those, and answers any later patch as its history
