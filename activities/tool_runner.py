@@ -233,7 +233,8 @@ def _as_result_json(partial: Any) -> Any:
 
 
 def _error(text: str) -> ToolOutcome:
-    return ToolOutcome(content=text_result(text), is_error=True)
+    # SPEC §5: an error result is {content: [text], details: {}}.
+    return ToolOutcome(content=text_result(text), is_error=True, details={})
 
 
 def _json_size(value: Any) -> int:

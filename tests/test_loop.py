@@ -305,7 +305,10 @@ async def test_tool_errors_become_error_results(stack: Stack) -> None:
     assert "expression" in texts["v1"] and '"wrong": "field"' in texts["v1"]
     assert texts["e1"] == "the tool blew up"
     assert "not valid JSON" in texts["j1"] and "unterminated" in texts["j1"]
+    # SPEC §5: every error result, a raising tool's included, has details {}.
+    assert {k: e["result"].get("details") for k, e in ends.items()} == {k: {} for k in ends}
     messages = (await handle.result()).messages
+    assert all(m.details == {} for m in messages if m.role == "toolResult")
     assert messages[-1].text == "I will fix that."
     # Immediate errors end before anything runs; only the exploding tool ran as an activity.
     history = await handle.fetch_history()
