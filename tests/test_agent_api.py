@@ -8,13 +8,22 @@ import asyncio
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
 from tests.support.stack import EventLog, Stack
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
     return {"id": call_id, "name": name, "arguments": arguments}
+
+
+async def running_a_slow_tool(stack: Stack) -> tuple[WorkflowHandle[Any, Any], EventLog]:
+    """A conversation whose run is busy with a one-second tool call, and its event log."""
+    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"})
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    return handle, log
 
 
 async def test_prompt_takes_a_list_of_messages_all_before_the_first_model_call(stack: Stack) -> None:
@@ -96,10 +105,7 @@ async def test_state_and_settings_read_as_plain_json_with_every_key_by_a_client_
 
 
 async def test_clear_queues_refuses_anything_but_the_three_names(stack: Stack) -> None:
-    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"})
-    handle = await stack.start(prompt="work")
-    log = EventLog(stack.client, handle.id)
-    await log.wait_for_type("tool_execution_start")
+    handle, log = await running_a_slow_tool(stack)
     await handle.signal("steer", "kept")
     await asyncio.sleep(0.2)
     for bad in ("", False, 0, {}, [], "Steering"):
@@ -114,10 +120,7 @@ async def test_clear_queues_refuses_anything_but_the_three_names(stack: Stack) -
 
 
 async def test_clear_queues_returns_the_removed_messages_oldest_first(stack: Stack) -> None:
-    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"})
-    handle = await stack.start(prompt="work")
-    log = EventLog(stack.client, handle.id)
-    await log.wait_for_type("tool_execution_start")
+    handle, log = await running_a_slow_tool(stack)
     await handle.signal("steer", "steer one")
     await handle.signal("follow_up", "follow one")
     await handle.signal("steer", "steer two")
