@@ -113,6 +113,10 @@ async def test_hostile_expression_is_refused_at_once_and_the_loop_keeps_ticking(
     expression: str, says: str
 ) -> None:
     result, gap = await longest_tick_gap(calculator(CalculatorArgs(expression=expression)))
+    if gap >= MAX_TICK_GAP:
+        # The same expression blocks the loop every time; a busy 2-core CI
+        # machine descheduling the process once (133 ms seen) does not.
+        result, gap = await longest_tick_gap(calculator(CalculatorArgs(expression=expression)))
 
     assert isinstance(result, ValueError) and says in str(result), result
     assert gap < MAX_TICK_GAP
