@@ -235,15 +235,19 @@ class CompressionCodec(PayloadCodec):
         self._max = max_decompressed
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        if self._threshold is None:
-            return list(payloads)
-        threshold = self._threshold
-        return [
-            self._compress(p)
-            if p.ByteSize() >= threshold and p.metadata.get(UNCOMPRESSED_KEY) != UNCOMPRESSED
-            else p
-            for p in payloads
-        ]
+        return [self._encode(p) for p in payloads]
+
+    def _encode(self, payload: Payload) -> Payload:
+        if payload.metadata.get(UNCOMPRESSED_KEY) == UNCOMPRESSED:
+            # A control payload: plain, and without the marker, which the
+            # Temporal CLI would show as a raw payload instead of its JSON.
+            plain = Payload()
+            plain.CopyFrom(payload)
+            del plain.metadata[UNCOMPRESSED_KEY]
+            return plain
+        if self._threshold is not None and payload.ByteSize() >= self._threshold:
+            return self._compress(payload)
+        return payload
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
         return [await self._decode(p) for p in payloads]

@@ -17,7 +17,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from codec_server import CodecSettings, build_app
-from runtime.payloads import data_converter
+from runtime.payloads import CompressionCodec, data_converter
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 from tests.support.stack import Stack
 from tests.test_codec_server import Endpoint, as_json, assert_one_sentence, serving
@@ -154,3 +154,22 @@ async def test_a_bomb_start_input_fails_the_conversation_with_a_sentence(stack: 
         await asyncio.wait_for(handle.result(), 30)
 
     assert "decompression bomb" in str(failed.value.cause)
+
+
+async def test_a_control_payload_leaves_the_codec_plain_and_unmarked() -> None:
+    """The state query and the control updates' results stay plain JSON at
+    any size, and carry only their encoding: the Temporal CLI prints a
+    payload with other metadata as raw bytes instead of its JSON."""
+    from runtime.converter import AgentPayloadConverter
+    from workflows.contract import SettingsInForce
+
+    settings = SettingsInForce(system_prompt="Be brief. " * 500)
+    payload = AgentPayloadConverter().to_payloads([settings])[0]
+    for threshold in (2048, None):
+        (encoded,) = await CompressionCodec(threshold).encode([payload])
+        assert dict(encoded.metadata) == {"encoding": b"json/plain"}
+        assert encoded.data == payload.data
+    (other,) = await CompressionCodec(2048).encode(
+        AgentPayloadConverter().to_payloads([settings.model_dump()])
+    )
+    assert dict(other.metadata) == {"encoding": b"binary/zlib"}  # the same JSON as a plain dict is compressed
