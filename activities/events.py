@@ -76,6 +76,10 @@ class ActivityEventPublisher:
         self._wake.set()
         if self._loop_task is not None:
             await self._loop_task  # lets a batch being sent arrive first
+        if isinstance(exc, Exception) and self._buffer:
+            # A failing attempt has no result to carry its tail: send it now,
+            # or subscribers miss what it said (its ``message_retry``).
+            await self._send()
         self.tail, self._buffer = self._buffer, []
 
     def publish(self, event: WireModel, *, flush: bool = False) -> None:

@@ -381,6 +381,21 @@ async def test_retried_attempt_is_marked_on_the_stream(stack: Stack) -> None:
     assert (await handle.result()).messages[-1].text == "complete answer"
 
 
+async def test_every_retried_attempt_is_marked_even_one_that_fails_at_once(stack: Stack) -> None:
+    """Attempt 2 fails before its first batch of events would go out: its
+    ``message_retry`` must still reach subscribers (they drop the partial
+    message of attempt 1 by it), and attempt 3's follows."""
+    stack.script(
+        {"text": "partial answer that will be dropped", "fault": {"kind": "drop", "after_chunks": 4}},
+        {"fault": {"kind": "status", "status": 500, "retry_after": 0}},
+        {"text": "complete answer"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    assert [e["attempt"] for e in events if e["type"] == "message_retry"] == [2, 3]
+    assert (await handle.result()).messages[-1].text == "complete answer"
+
+
 @pytest.mark.parametrize(
     "fault",
     [
