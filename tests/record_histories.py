@@ -45,9 +45,15 @@ def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
 Scenario = Callable[[Client, ScriptedModelServer, str], Awaitable[WorkflowHandle[Any, Any]]]
 
 
-async def start(client: Client, model: str, **input: Any) -> WorkflowHandle[Any, Any]:
+async def start(
+    client: Client, model: str, *, start_signal: str | None = None, **input: Any
+) -> WorkflowHandle[Any, Any]:
     return await start_conversation(
-        client, f"rec-{uuid.uuid4().hex[:8]}", {"model": model, **input}, task_queue=TASK_QUEUE
+        client,
+        f"rec-{uuid.uuid4().hex[:8]}",
+        {"model": model, **input},
+        task_queue=TASK_QUEUE,
+        start_signal=start_signal,
     )
 
 
@@ -300,6 +306,26 @@ async def idle_waiter_at_switch(
     return latest
 
 
+async def abort_at_start(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """A prompt started with an abort signal (signal-with-start): before the
+    abort-before-run-start patch the abort was dropped and the run ran."""
+    server.script(model, [{"text": "answered"}])
+    handle = await start(client, model, prompt="hi", closeWhenIdle=True, start_signal="abort")
+    await handle.result()
+    return handle
+
+
+async def stop_at_start(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """A prompt started with a stop_after_turn signal: the run ends after its
+    first turn (before the patch the signal was dropped)."""
+    server.script(model, [{"tool_calls": [call("t1", "calculator", expression="1+1")]}, {"text": "two"}])
+    handle = await start(client, model, prompt="add", start_signal="stop_after_turn")
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -313,6 +339,8 @@ SCENARIOS: dict[str, Scenario] = {
     "idle_switch": idle_switch,
     "search_attributes": search_attributes,
     "idle_waiter_at_switch": idle_waiter_at_switch,
+    "abort_at_start": abort_at_start,
+    "stop_at_start": stop_at_start,
 }
 
 

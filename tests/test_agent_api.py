@@ -236,3 +236,28 @@ async def test_error_message_is_set_for_aborted_runs_too(stack: Stack) -> None:
     state = await handle.query("state")
     assert state["errorMessage"] == "Request was aborted"
     await handle.signal("close")
+
+
+async def test_abort_sent_with_the_start_aborts_the_prompted_run(stack: Stack) -> None:
+    """Signal-with-start: the abort lands before the run begins (the worker
+    is still recording its defaults) while ``state`` already says running.
+    The run begins aborted, as pi's ``abort()`` right after ``prompt()``:
+    the prompt is kept, no model call is made."""
+    stack.script({"text": "never asked"})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True, start_signal="abort")
+    messages = (await handle.result()).messages
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[-1].stop_reason == "aborted"
+    assert messages[-1].error_message == "Request was aborted"
+    assert stack.requests() == []
+
+
+async def test_stop_after_turn_sent_with_the_start_ends_the_run_after_its_first_turn(stack: Stack) -> None:
+    stack.script({"tool_calls": [call("c1", "calculator", expression="1+1")]}, {"text": "not asked"})
+    handle = await stack.start(prompt="add", start_signal="stop_after_turn")
+    idle = await handle.execute_update("wait_for_idle")
+    assert [m["role"] for m in idle["messages"]] == ["user", "assistant", "toolResult"]
+    assert len(stack.requests()) == 1
+    state = await handle.query("state")
+    assert state["status"] == "idle" and state["turns"] == 1
+    await handle.signal("close")

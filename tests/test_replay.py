@@ -31,10 +31,12 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # with each patch's own marker, before one marker stood for them all (v3);
 # with the first combined marker, before search attributes were refreshed
 # by time (v4); with the second, before a run due to continue as new waited
-# for its wait_for_idle callers (v5).
+# for its wait_for_idle callers (v5); with the third, before an abort or
+# stop_after_turn sent before a run began applied to it (v6).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
+V6 = sorted((ROOT / "v6").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -51,15 +53,23 @@ def test_there_are_recorded_histories() -> None:
         "search_attributes",
         "busy_subscriber",  # holds the update waiting for the run's end
         "idle_waiter_at_switch",  # wait_for_idle during a run due to continue as new
+        "abort_at_start",  # abort sent with the start (signal-with-start)
+        "stop_at_start",  # stop_after_turn sent with the start
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
-    assert {_stem(p) for p in CURRENT} - {"busy_subscriber", "idle_waiter_at_switch"} <= {
-        _stem(p) for p in V4
-    }
+    assert {_stem(p) for p in CURRENT} - {
+        "busy_subscriber",
+        "idle_waiter_at_switch",
+        "abort_at_start",
+        "stop_at_start",
+    } <= {_stem(p) for p in V4}
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
-    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V5}
+    assert {_stem(p) for p in CURRENT} - {"abort_at_start", "stop_at_start"} <= {_stem(p) for p in V5}
+    # Every scenario, recorded before the abort-before-run-start patch too
+    # (its old path: the early signal dropped, the run ran in full).
+    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V6}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -75,14 +85,16 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V5 + V4 + V2 + V1,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V5 + V4 + V2 + V1],
+    CURRENT + V6 + V5 + V4 + V2 + V1,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V6 + V5 + V4 + V2 + V1],
 )
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
 
 
-@pytest.mark.parametrize("path", CURRENT + V5 + V4, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V5 + V4])
+@pytest.mark.parametrize(
+    "path", CURRENT + V6 + V5 + V4, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V6 + V5 + V4]
+)
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a
     conversation that recorded its declarations does not care."""

@@ -104,6 +104,10 @@ ABORT_AT_BOUNDARY_PATCH = "no-switch-while-aborting"
 HOLD_SWITCH_PATCH = "hold-switch-for-idle-waiters"
 HOLD_SWITCH_MAX_EVENTS = 20_000
 HOLD_SWITCH_MAX_BYTES = 20 * 1024 * 1024
+# An abort or stop_after_turn that comes after a prompt is accepted but
+# before its run begins (signal-with-start, or while the worker records its
+# defaults) applies to that run; before this patch it was dropped.
+SIGNALS_BEFORE_START_PATCH = "abort-before-run-start"
 
 
 def _written_by_previous_run(info: workflow.Info) -> bool:
@@ -262,13 +266,16 @@ class AgentWorkflow:
     async def _start_run(self, pending: PendingRun) -> None:
         """pi's ``prompt()`` / ``continue()``: open a run and run the loop."""
         session = self._session
+        aborted, stop = bool(pending.abort_requested), bool(pending.stop_requested)
+        if (aborted or stop) and not self._versions.has(SIGNALS_BEFORE_START_PATCH):
+            aborted = stop = False  # a run from before the patch dropped them: replay as recorded
         if pending.from_continue:
             try:
                 pending = session.continue_plan()
             except ContinueRefused as err:
                 workflow.logger.warning("Not continuing: %s", err)
                 return
-        run = session.begin_run()
+        run = session.begin_run(aborted=aborted, stop_requested=stop)
         self._update_details()
         context = AgentContext(session.messages, session.enabled_tools(), run)
         await run_agent_loop(
@@ -703,15 +710,16 @@ class AgentWorkflow:
     @workflow.signal(name="abort")
     def abort(self, *args: Any) -> None:
         """Abort the active run (cancels the LLM call, running tools and
-        approval waits); does nothing while idle."""
+        approval waits), or an accepted one not begun yet (it begins
+        aborted: the prompt is kept, the model is not called); does
+        nothing while idle."""
         if self._session.request_abort():
             self._calls.cancel_all()
 
     @workflow.signal(name="stop_after_turn")
     def stop_after_turn(self, *args: Any) -> None:
         """End the active run at the next turn boundary (ignored while idle)."""
-        if self._session.run is not None:
-            self._session.run.stop_requested = True
+        self._session.request_stop_after_turn()
 
     @workflow.signal(name="close")
     def close(self, *args: Any) -> None:

@@ -93,6 +93,10 @@ class PendingRun(WireModel):
     skip_initial_steering: bool = False
     from_continue: bool = False
     queue: QueueName | None = None
+    abort_requested: bool | None = None
+    """``abort`` came before the run began: it begins aborted."""
+    stop_requested: bool | None = None
+    """``stop_after_turn`` came before the run began: it ends after a turn."""
 
 
 class SessionCarry(WireModel):

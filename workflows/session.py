@@ -114,13 +114,15 @@ class Session:
 
     # --- runs ---------------------------------------------------------------------
 
-    def begin_run(self) -> RunState:
+    def begin_run(self, *, aborted: bool = False, stop_requested: bool = False) -> RunState:
+        """Open a run (``aborted``/``stop_requested``: those signals came
+        while it was accepted but not begun)."""
         self.runs += 1
         self.run_ended = False
-        self.abort_requested = False
+        self.abort_requested = aborted
         self.error_message = None
         self.last_run_start = len(self.messages)
-        self.run = RunState(started_at_message=len(self.messages))
+        self.run = RunState(started_at_message=len(self.messages), stop_requested=stop_requested)
         return self.run
 
     def observe(self, event: Any) -> None:
@@ -217,11 +219,22 @@ class Session:
             self.pending = PendingRun(from_continue=True)
 
     def request_abort(self) -> bool:
-        """Mark the active run aborted; False when idle (abort does nothing then)."""
+        """Mark the active run aborted (or the accepted one not begun yet:
+        it begins aborted); False when no run is active, nothing to cancel."""
         if self.run is None:
+            if self.pending is not None:
+                self.pending.abort_requested = True
             return False
         self.abort_requested = True
         return True
+
+    def request_stop_after_turn(self) -> None:
+        """End the active run (or the accepted one not begun yet) after its
+        current turn; nothing while idle."""
+        if self.run is not None:
+            self.run.stop_requested = True
+        elif self.pending is not None:
+            self.pending.stop_requested = True
 
     def configure(self, patch: AgentSettings, fields: set[str]) -> SettingsInForce:
         """Apply the fields a ``configure`` update set; the settings now in force."""

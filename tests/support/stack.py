@@ -33,14 +33,16 @@ class Stack:
     def requests(self) -> list[dict[str, Any]]:
         return self.model_server.requests(self.model)
 
-    async def start(self, **input: Any) -> WorkflowHandle[Any, Any]:
-        """Start a conversation with this stack's model; camelCase input."""
+    async def start(self, *, start_signal: str | None = None, **input: Any) -> WorkflowHandle[Any, Any]:
+        """Start a conversation with this stack's model; camelCase input,
+        and ``start_signal`` sent with the start (signal-with-start)."""
         workflow_id = f"test-{uuid.uuid4().hex[:10]}"
         return await start_conversation(
             self.client,
             workflow_id,
             {"model": self.model, **input},
             task_queue=self.task_queue,
+            start_signal=start_signal,
         )
 
     async def conversation(self, **options: Any) -> Conversation:
