@@ -107,6 +107,7 @@ async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
         (['{"carry": {"runs": 3}}'], "`carry` is internal"),
         ([deep(300)], ""),
         (['{"steeringMode": "sometimes"}'], "steeringMode"),
+        (['{"prompt": "hi", "sytemPrompt": "Be brief."}'], "Unknown start input key(s) sytemPrompt"),
     ],
 )
 async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(

@@ -108,6 +108,12 @@ HOLD_SWITCH_MAX_BYTES = 20 * 1024 * 1024
 # before its run begins (signal-with-start, or while the worker records its
 # defaults) applies to that run; before this patch it was dropped.
 SIGNALS_BEFORE_START_PATCH = "abort-before-run-start"
+# A start input key the workflow does not know (a misspelt `sytemPrompt`)
+# fails the start with one sentence; before this patch it was ignored.
+STRICT_START_INPUT_PATCH = "refuse-unknown-start-keys"
+_SNAKE_START_KEYS = frozenset(name for name, f in SessionInput.model_fields.items() if f.alias != name)
+_INTERNAL_START_KEYS = frozenset({"carry"})
+_START_KEYS = _SNAKE_START_KEYS | frozenset(f.alias or n for n, f in SessionInput.model_fields.items())
 
 
 def _written_by_previous_run(info: workflow.Info) -> bool:
@@ -126,6 +132,7 @@ class AgentWorkflow:
     def __init__(self, *args: Any) -> None:
         self._bindings = WorkflowBindings()
         self._input_error: str | None = None
+        self._unknown_input_keys: list[str] = []
         session_input = self._parse_start_input(args)
         carry = session_input.carry or SessionCarry()
         self._stream = EventStream(carry.stream)
@@ -172,6 +179,7 @@ class AgentWorkflow:
             if nesting_depth(raw, START_INPUT_NESTING) > START_INPUT_NESTING:
                 raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
+            self._unknown_input_keys = [str(key) for key in raw if key not in _START_KEYS]
             if session_input.carry is not None and (info.continued_run_id is None or info.cron_schedule):
                 raise InputError(
                     "`carry` is internal (it hands a conversation to its next run when it "
@@ -198,6 +206,13 @@ class AgentWorkflow:
             self._stream.tracking = False  # forced fallback: the linger is a plain timer
         if self._input_error:
             raise ApplicationError(self._input_error, type="InvalidInput", non_retryable=True)
+        if self._unknown_input_keys and self._versions.has(STRICT_START_INPUT_PATCH):
+            raise ApplicationError(
+                f"Unknown start input key(s) {', '.join(self._unknown_input_keys)}: the start input "
+                f"takes {', '.join(sorted(_START_KEYS - _INTERNAL_START_KEYS - _SNAKE_START_KEYS))}.",
+                type="InvalidInput",
+                non_retryable=True,
+            )
         await self._record_worker_defaults()
         self._update_details()
         if session.run is not None:
