@@ -227,7 +227,12 @@ async def _stream(
         if not was_started:
             events.publish(
                 MessageStartEvent(
-                    message={"role": "assistant", "content": [], "model": params["model"]},
+                    message={
+                        "role": "assistant",
+                        "content": [],
+                        "model": params["model"],
+                        "timestamp": assembler.timestamp,
+                    },
                     attempt=attempt,
                 ),
                 flush=True,

@@ -159,6 +159,9 @@ class StreamAssembler:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self.started = False
+        self.timestamp = int(time.time() * 1000)
+        """When the request was made: the streamed message's time from its
+        ``message_start`` on, as pi stamps it."""
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """Consume one streamed chunk (its JSON, as ``stream_chunks`` yields
@@ -279,7 +282,7 @@ class StreamAssembler:
                 if stop_reason != "error"
                 else f"The model stopped with finish_reason={self._finish_reason!r}."
             ),
-            timestamp=int(time.time() * 1000),
+            timestamp=self.timestamp,
         )
         return message, errors, events
 

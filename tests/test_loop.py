@@ -74,6 +74,11 @@ async def test_streamed_text_arrives_as_deltas_in_order(stack: Stack) -> None:
     assert "".join(u["delta"] for u in updates if u["type"] == "thinking_delta") == "Let me think."
     final = (await handle.result()).messages[-1]
     assert [c.type for c in final.content] == ["thinking", "text"]
+    # The streamed message has its time from message_start on (pi stamps it once).
+    started = next(
+        e["message"] for e in events if e["type"] == "message_start" and e["message"]["role"] == "assistant"
+    )
+    assert started["timestamp"] == final.timestamp > 1_700_000_000_000
 
 
 async def test_parallel_tools_end_in_completion_order_results_in_source_order(stack: Stack) -> None:
