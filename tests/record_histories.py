@@ -326,6 +326,36 @@ async def stop_at_start(client: Client, server: ScriptedModelServer, model: str)
     return handle
 
 
+async def continue_after_app(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """A follow-up arriving while idle after an application message: the
+    model answers the transcript first, then the follow-up (before the
+    continue-after-app-message patch the follow-up ran as the prompt)."""
+    server.script(model, [{"text": "answered"}, {"text": "followed"}])
+    note = {"role": "note", "content": "for the app only"}
+    handle = await start(client, model, messages=[{"role": "user", "content": "q"}, note])
+    await handle.signal("follow_up", "and then?")
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+    await handle.result()
+    return handle
+
+
+async def unknown_start_key(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """A start input with a key the workflow does not know: it fails with a
+    sentence (before the refuse-unknown-start-keys patch it was ignored)."""
+    server.script(model, [{"text": "answered"}])
+    handle = await start(client, model, prompt="hi", closeWhenIdle=True, sytemPrompt="Be brief.")
+    try:
+        await handle.result()
+    except Exception as err:  # the new path: InvalidInput
+        print(f"unknown_start_key: {getattr(err, 'cause', err)}")
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -341,6 +371,8 @@ SCENARIOS: dict[str, Scenario] = {
     "idle_waiter_at_switch": idle_waiter_at_switch,
     "abort_at_start": abort_at_start,
     "stop_at_start": stop_at_start,
+    "continue_after_app": continue_after_app,
+    "unknown_start_key": unknown_start_key,
 }
 
 

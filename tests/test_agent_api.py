@@ -261,3 +261,24 @@ async def test_stop_after_turn_sent_with_the_start_ends_the_run_after_its_first_
     state = await handle.query("state")
     assert state["status"] == "idle" and state["turns"] == 1
     await handle.signal("close")
+
+
+async def test_continue_after_an_application_message_runs_the_model_as_pi_does(stack: Stack) -> None:
+    """pi's continue() refuses only an assistant message last; after an
+    application message (any other role, kept but not sent to the model)
+    the model answers the transcript."""
+    stack.script({"text": "answered"})
+    note = {"role": "note", "content": "for the app only"}
+    handle = await stack.start(messages=[{"role": "user", "content": "q"}, note])
+    await handle.execute_update("continue")
+    idle = await handle.execute_update("wait_for_idle")
+    assert [m["role"] for m in idle["messages"]] == ["assistant"]
+    assert [m["role"] for m in await handle.query("messages")] == ["user", "note", "assistant"]
+    assert [m["role"] for m in stack.requests()[0]["messages"]] == ["user"]
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("continue")
+    assert "Cannot continue from an assistant message" in str(refused.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", {"role": "assistant", "content": []})
+    assert "A message with role `assistant` cannot be sent" in str(refused.value.cause)
+    await handle.signal("close")

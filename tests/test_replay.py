@@ -55,6 +55,8 @@ def test_there_are_recorded_histories() -> None:
         "idle_waiter_at_switch",  # wait_for_idle during a run due to continue as new
         "abort_at_start",  # abort sent with the start (signal-with-start)
         "stop_at_start",  # stop_after_turn sent with the start
+        "continue_after_app",  # a follow-up while idle after an application message
+        "unknown_start_key",  # a misspelt start input key
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
@@ -63,12 +65,21 @@ def test_there_are_recorded_histories() -> None:
         "idle_waiter_at_switch",
         "abort_at_start",
         "stop_at_start",
+        "continue_after_app",
+        "unknown_start_key",
     } <= {_stem(p) for p in V4}
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
-    assert {_stem(p) for p in CURRENT} - {"abort_at_start", "stop_at_start"} <= {_stem(p) for p in V5}
-    # Every scenario, recorded before the abort-before-run-start patch too
-    # (its old path: the early signal dropped, the run ran in full).
+    assert {_stem(p) for p in CURRENT} - {
+        "abort_at_start",
+        "stop_at_start",
+        "continue_after_app",
+        "unknown_start_key",
+    } <= {_stem(p) for p in V5}
+    # Every scenario, recorded before the abort-before-run-start,
+    # continue-after-app-message and refuse-unknown-start-keys patches too
+    # (their old paths: the early signal dropped, the run ran in full; the
+    # follow-up run as the prompt; the unknown key ignored).
     assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V6}
 
 

@@ -111,6 +111,10 @@ SIGNALS_BEFORE_START_PATCH = "abort-before-run-start"
 # A start input key the workflow does not know (a misspelt `sytemPrompt`)
 # fails the start with one sentence; before this patch it was ignored.
 STRICT_START_INPUT_PATCH = "refuse-unknown-start-keys"
+# `continue` (or a message arriving while idle) after an application
+# message runs the model as after a user message, as pi's continue() does;
+# before this patch it was treated as an assistant message.
+CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
 _SNAKE_START_KEYS = frozenset(name for name, f in SessionInput.model_fields.items() if f.alias != name)
 _INTERNAL_START_KEYS = frozenset({"carry"})
 _START_KEYS = _SNAKE_START_KEYS | frozenset(f.alias or n for n, f in SessionInput.model_fields.items())
@@ -286,7 +290,7 @@ class AgentWorkflow:
             aborted = stop = False  # a run from before the patch dropped them: replay as recorded
         if pending.from_continue:
             try:
-                pending = session.continue_plan()
+                pending = session.continue_plan(after_app_message=self._continues_after_app())
             except ContinueRefused as err:
                 workflow.logger.warning("Not continuing: %s", err)
                 return
@@ -551,7 +555,7 @@ class AgentWorkflow:
     async def continue_(self, *args: Any) -> PromptResult:
         """Start a run from the transcript and queues (pi's ``continue()``)."""
         try:
-            self._session.pending = self._session.continue_plan()
+            self._session.pending = self._session.continue_plan(after_app_message=self._continues_after_app())
         except InputError as err:
             raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
         self._update_details()
@@ -709,6 +713,11 @@ class AgentWorkflow:
     def follow_up(self, *args: Any) -> None:
         """Queue a message handled when the agent would otherwise stop."""
         self._enqueue(self._session.follow_up, args, "follow_up")
+
+    def _continues_after_app(self) -> bool:
+        """Whether ``continue`` after an application message answers it (pi)
+        rather than treating it as an assistant message (before the patch)."""
+        return not self._session.last_is_app_message() or self._versions.has(CONTINUE_AFTER_APP_PATCH)
 
     def _enqueue(self, queue: MessageQueue, args: tuple[Any, ...], signal: str) -> None:
         if self._session.closing:

@@ -92,7 +92,7 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
     if isinstance(message, CustomMessage):
         return message
     raise InputError(
-        f"A {getattr(message, 'role', '?')} message cannot be sent: "
+        f"A message with role `{getattr(message, 'role', '?')}` cannot be sent: "
         'send text or a user message ({"role": "user", ...}).'
     )
 

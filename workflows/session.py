@@ -171,10 +171,19 @@ class Session:
             or (settings.max_cost is not None and self.usage.cost.total >= settings.max_cost)
         )
 
-    def continue_plan(self) -> PendingRun:
-        """pi's ``continue()``: what a run started without a prompt runs."""
+    def last_is_app_message(self) -> bool:
+        """The transcript ends with an application message (any other role)."""
+        return bool(self.messages) and self.messages[-1].role not in ("user", "toolResult", "assistant")
+
+    def continue_plan(self, *, after_app_message: bool = True) -> PendingRun:
+        """pi's ``continue()``: what a run started without a prompt runs.
+        Only an assistant message last needs a queued message; after any
+        other (an application message too, unless ``after_app_message`` is
+        off: conversations from before that change) the model answers."""
         last = self.messages[-1] if self.messages else None
-        if last is not None and last.role in ("user", "toolResult"):
+        if last is not None and (
+            last.role in ("user", "toolResult") or (after_app_message and last.role != "assistant")
+        ):
             return PendingRun()
         steering = self.steering.poll()
         if steering:
@@ -187,7 +196,7 @@ class Session:
     def check_continue(self) -> None:
         """Refuse ``continue`` when ``continue_plan`` would."""
         last = self.messages[-1] if self.messages else None
-        if last is not None and last.role in ("user", "toolResult"):
+        if last is not None and last.role != "assistant":
             return
         if not self.steering and not self.follow_up:
             raise ContinueRefused(self._nothing_to_continue(last))
@@ -196,8 +205,9 @@ class Session:
     def _nothing_to_continue(last: AgentMessage | None) -> str:
         if last is None:
             return "There is nothing to continue: send a prompt first."
+        what = "an assistant message" if last.role == "assistant" else f"a `{last.role}` message"
         return (
-            "Cannot continue from an assistant message: nothing is queued. "
+            f"Cannot continue from {what}: nothing is queued. "
             "Send a prompt, or queue a steer or follow-up message."
         )
 
