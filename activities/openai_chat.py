@@ -146,7 +146,11 @@ class StreamAssembler:
     at the end, one ``AssistantMessage``.
 
     Blocks (thinking, text, tool calls) are kept in the order they start; a
-    new block closes the previous text or thinking block.
+    new block closes the previous one (``*_end``), as pi's stream does. A
+    provider that interleaves the deltas of parallel tool calls still gets
+    every call whole: a delta for a closed call reopens it, and it is
+    closed again, with its whole arguments, when the next block starts or
+    at the end.
     """
 
     def __init__(self, model: str, provider: str = "openai") -> None:
@@ -156,6 +160,9 @@ class StreamAssembler:
         self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
         self._tool_blocks: dict[int, int] = {}  # OpenAI tool index -> block index
         self._open: int | None = None  # open text/thinking block
+        self._open_tool: int | None = None  # tool call receiving deltas
+        self._closed_args: dict[int, str] = {}  # tool block -> its arguments when it was closed
+        self._arg_errors: dict[str, str] = {}  # tool call id -> why its arguments are not usable
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self.started = False
@@ -188,7 +195,7 @@ class StreamAssembler:
     ) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._open is None or not isinstance(self._blocks[self._open], kind):
-            events += self._close_open()
+            events += self._close_open() + self._close_tool()
             self._blocks.append(TextContent(text="") if kind is TextContent else ThinkingContent(thinking=""))
             self._open = len(self._blocks) - 1
             events.append({"type": f"{name}_start", "contentIndex": self._open})
@@ -206,7 +213,7 @@ class StreamAssembler:
         index = call["index"] if call.get("index") is not None else len(self._tool_blocks)
         block_index = self._tool_blocks.get(index)
         if block_index is None:
-            events += self._close_open()
+            events += self._close_open() + self._close_tool()
             name = function.get("name") or ""
             call_id = call.get("id") or f"call_{len(self._tool_blocks)}"
             self._blocks.append(ToolCall(id=call_id, name=name))
@@ -216,11 +223,36 @@ class StreamAssembler:
             events.append(
                 {"type": "toolcall_start", "contentIndex": block_index, "id": call_id, "toolName": name}
             )
+        elif block_index != self._open_tool:
+            events += self._close_tool()  # an interleaved delta: that call is open again
+        self._open_tool = block_index
         pieces = function.get("arguments") or ""
         if pieces:
             self._raw_args[block_index] += pieces
             events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})
         return events
+
+    def _close_tool(self) -> list[dict[str, Any]]:
+        """``toolcall_end`` for the tool call receiving deltas, its arguments parsed."""
+        if self._open_tool is None:
+            return []
+        index, self._open_tool = self._open_tool, None
+        block = self._blocks[index]
+        assert isinstance(block, ToolCall)
+        raw = self._raw_args[index]
+        self._closed_args[index] = raw
+        self._arg_errors.pop(block.id, None)
+        try:
+            parsed = json.loads(raw) if raw.strip() else {}
+            if not isinstance(parsed, dict):
+                raise ValueError(f"expected a JSON object, got {type(parsed).__name__}")
+            if nesting_depth(parsed) > MAX_NESTING:
+                raise ValueError(f"nested deeper than {MAX_NESTING} levels")
+            block.arguments = parsed
+        except (ValueError, RecursionError) as err:
+            block.arguments = {}
+            self._arg_errors[block.id] = f"{err or type(err).__name__} (received: {raw[:500]})"
+        return [{"type": "toolcall_end", "contentIndex": index, "toolCall": block.model_dump()}]
 
     def _close_open(self) -> list[dict[str, Any]]:
         if self._open is None:
@@ -241,25 +273,14 @@ class StreamAssembler:
         incomplete and would otherwise be left without results."""
         if not aborted and self._finish_reason is None:
             raise StreamEndedEarly("The model's stream ended before it finished its answer.")
-        events = self._close_open()
-        errors: dict[str, str] = {}
-        for block_index in sorted(self._raw_args):
-            block = self._blocks[block_index]
-            assert isinstance(block, ToolCall)
-            raw = self._raw_args[block_index]
-            try:
-                parsed = json.loads(raw) if raw.strip() else {}
-                if not isinstance(parsed, dict):
-                    raise ValueError(f"expected a JSON object, got {type(parsed).__name__}")
-                if nesting_depth(parsed) > MAX_NESTING:
-                    raise ValueError(f"nested deeper than {MAX_NESTING} levels")
-                block.arguments = parsed
-            except (ValueError, RecursionError) as err:
-                errors[block.id] = f"{err or type(err).__name__} (received: {raw[:500]})"
-            if not aborted:
-                events.append(
-                    {"type": "toolcall_end", "contentIndex": block_index, "toolCall": block.model_dump()}
-                )
+        events = self._close_open() + self._close_tool()
+        for index in sorted(self._raw_args):
+            if self._closed_args.get(index) != self._raw_args[index]:
+                self._open_tool = index  # never closed, or reopened by an interleaved delta
+                events += self._close_tool()
+        if aborted:
+            events = [e for e in events if e["type"] != "toolcall_end"]
+        errors = dict(self._arg_errors)
         content = [b for b in self._blocks if not (aborted and isinstance(b, ToolCall))]
         if aborted:
             stop_reason: StopReason = "aborted"

@@ -12,6 +12,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.llm import LlmActivities
+from activities.openai_chat import StreamAssembler
 from workflows.contract import LlmRequest
 from workflows.models import UserMessage
 
@@ -42,3 +43,71 @@ def test_the_model_client_is_made_at_start_once(monkeypatch: pytest.MonkeyPatch)
     llm.warm_up()
     assert [m["base_url"] for m in made] == ["http://127.0.0.1:9/v1"]
     assert made[0]["max_retries"] == 0  # Temporal retries, not the client
+
+
+def _tool_chunk(
+    index: int, *, call_id: str | None = None, name: str | None = None, args: str = ""
+) -> dict[str, Any]:
+    function: dict[str, Any] = {"arguments": args}
+    if name is not None:
+        function["name"] = name
+    call: dict[str, Any] = {"index": index, "function": function}
+    if call_id is not None:
+        call["id"] = call_id
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+def _outline(events: list[dict[str, Any]]) -> list[str]:
+    return [f"{e['type']}:{e['contentIndex']}" for e in events if e["type"] != "toolcall_delta"]
+
+
+def test_each_block_ends_before_the_next_starts_tool_calls_too() -> None:
+    """pi's order: text, then each tool call closed (with its parsed
+    arguments) before the next block starts, not all at the end."""
+    assembler = StreamAssembler("m")
+    events = assembler.feed({"choices": [{"index": 0, "delta": {"content": "Let me check."}}]})
+    events += assembler.feed(_tool_chunk(0, call_id="a", name="echo", args='{"text": '))
+    events += assembler.feed(_tool_chunk(0, args='"1"}'))
+    events += assembler.feed(_tool_chunk(1, call_id="b", name="echo", args='{"text": "2"}'))
+    events += assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, closing = assembler.finish()
+    events += closing
+    assert _outline(events) == [
+        "text_start:0",
+        "text_delta:0",
+        "text_end:0",
+        "toolcall_start:1",
+        "toolcall_end:1",
+        "toolcall_start:2",
+        "toolcall_end:2",
+    ]
+    ends = [e["toolCall"] for e in events if e["type"] == "toolcall_end"]
+    assert [(c["id"], c["arguments"]) for c in ends] == [("a", {"text": "1"}), ("b", {"text": "2"})]
+    assert errors == {} and message.stop_reason == "toolUse"
+    assert message.timestamp == assembler.timestamp
+
+
+def test_interleaved_tool_call_deltas_still_give_whole_calls() -> None:
+    """A provider that interleaves parallel calls' deltas: a delta for a
+    closed call reopens it, and its last toolcall_end has every argument."""
+    assembler = StreamAssembler("m")
+    events = assembler.feed(_tool_chunk(0, call_id="a", name="echo", args='{"text"'))
+    events += assembler.feed(_tool_chunk(1, call_id="b", name="echo", args='{"text": "2"}'))
+    events += assembler.feed(_tool_chunk(0, args=': "1"}'))
+    events += assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, closing = assembler.finish()
+    events += closing
+    last_end = {e["contentIndex"]: e["toolCall"] for e in events if e["type"] == "toolcall_end"}
+    assert last_end[0]["arguments"] == {"text": "1"} and last_end[1]["arguments"] == {"text": "2"}
+    assert [c.arguments for c in message.content] == [{"text": "1"}, {"text": "2"}]
+    assert errors == {}
+
+
+def test_a_call_whose_arguments_are_not_json_is_reported_once_closed() -> None:
+    assembler = StreamAssembler("m")
+    assembler.feed(_tool_chunk(0, call_id="j1", name="echo", args='{"text": unterminated'))
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, closing = assembler.finish()
+    assert message.content[0].arguments == {}
+    assert list(errors) == ["j1"] and "received" in errors["j1"]
+    assert [e["type"] for e in closing] == ["toolcall_end"]
