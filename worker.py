@@ -28,7 +28,7 @@ from temporalio.worker import Worker
 
 from activities import builtin_tools
 from activities.context_store import ContextStore
-from activities.llm import LlmActivities
+from activities.llm import ContextTransform, LlmActivities, LlmConverter
 from activities.session import SessionActivities
 from activities.tool_runner import ToolActivities
 from activities.tools import ToolSpec, declarations, registered_tools
@@ -64,6 +64,8 @@ def build_worker(
     settings: Settings,
     *,
     hooks: AgentHooks | None = None,
+    transform_context: ContextTransform | None = None,
+    convert_to_llm: LlmConverter | None = None,
     llm: LlmActivities | None = None,
     tools: Mapping[str, ToolSpec] | None = None,
     workflows: Sequence[type] = (AgentWorkflow,),
@@ -72,7 +74,10 @@ def build_worker(
     """The worker with every workflow and activity of the agent.
 
     ``hooks`` are bound into every conversation this worker runs (workflow
-    code: deterministic, versioned like the workflow). ``tools`` defaults to
+    code: deterministic, versioned like the workflow). ``transform_context``
+    and ``convert_to_llm`` run in the LLM activity (pi's hooks of those
+    names: what one model call sees); ``llm`` replaces that activity's
+    holder altogether (then it needs the settings' key and URL itself). ``tools`` defaults to
     every registered tool; their declarations are what new conversations
     record. ``search_attributes``: the server has the agent's search
     attributes (``missing_search_attributes``), so new conversations keep
@@ -93,11 +98,15 @@ def build_worker(
         legacy_tools={d.name: d.model_copy(update={"local": False}) for d in declared},
         track_subscribers=not settings.sdk_fallbacks,
     )
+    if llm is not None and (transform_context or convert_to_llm):
+        raise ValueError("Pass transform_context and convert_to_llm to LlmActivities when you pass llm.")
     if llm is None:
         blobs = blob_store(settings)
         llm = LlmActivities(
             api_key=settings.openai_api_key,
             base_url=settings.openai_base_url,
+            transform_context=transform_context,
+            convert_to_llm=convert_to_llm,
             read_timeout=settings.llm_read_timeout,
             context_store=ContextStore(blobs) if blobs else None,
             tools=tools,
@@ -186,12 +195,16 @@ def main(argv: list[str] | None = None) -> None:
         help="serve Prometheus metrics (default AGENT_METRICS_PORT)",
     )
     args = parser.parse_args(argv)
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        parser.error(f"--metrics-port must be a port number (1-65535), not {args.metrics_port}")
     code = 0
     try:
         settings = Settings.from_env()
         settings = replace(
-            settings, tool_modules=(*settings.tool_modules, *args.tools)
-        )  # flags add to AGENT_TOOLS
+            settings,
+            tool_modules=(*settings.tool_modules, *args.tools),  # flags add to AGENT_TOOLS
+            metrics_port=settings.metrics_port if args.metrics_port is None else args.metrics_port,
+        )
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
         asyncio.run(run_worker(settings))
     except (ServerUnreachable, ToolModuleError, SettingsError, ValueError, ImportError) as err:

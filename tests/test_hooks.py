@@ -18,6 +18,7 @@ from testbed.scripted_model import ScriptedModelServer
 from tests.support.guarded_hooks import GuardedHooks
 from worker import build_worker
 from workflows.contract import SessionResult
+from workflows.models import AgentMessage, UserMessage
 
 TASK_QUEUE = "agent-hooks"
 
@@ -116,3 +117,47 @@ async def test_a_failing_stop_hook_ends_the_run_and_the_next_prompt_works(
     await handle.signal("close")
     result = await handle.result()
     assert result.messages[-1].text == "recovered"
+
+
+def _pruned(messages: list[AgentMessage]) -> list[AgentMessage]:
+    """A context transform: the model sees only the last user message."""
+    last = [m for m in messages if isinstance(m, UserMessage)][-1:]
+    if last and last[0].content == "break the transform":
+        raise RuntimeError("no context for you")
+    return last
+
+
+async def test_the_context_transform_shapes_each_model_call_and_its_failure_ends_the_run(
+    client: Client, model_server: ScriptedModelServer, worker_env: dict[str, str]
+) -> None:
+    """pi's transformContext, given to build_worker: each model call sees
+    its result (the transcript keeps everything); if it raises, the run
+    ends with an error message and the next prompt works."""
+    queue = f"agent-transform-{uuid.uuid4().hex[:6]}"
+    model = f"transform-{uuid.uuid4().hex[:6]}"
+    model_server.script(model, [{"text": "one"}, {"text": "two"}, {"text": "three"}])
+    settings = Settings.from_env(worker_env, task_queue=queue)
+    async with build_worker(client, settings, transform_context=_pruned):
+        handle = await client.start_workflow(
+            "AgentWorkflow",
+            {"model": model, "prompt": "first"},
+            id=f"transform-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+        await handle.execute_update("wait_for_idle")
+        await handle.execute_update("prompt", "second")
+        await handle.execute_update("wait_for_idle")
+        sent = model_server.requests(model)[1]["messages"]
+        assert [(m["role"], m["content"]) for m in sent] == [("user", "second")]
+        await handle.execute_update("prompt", "break the transform")
+        idle = await handle.execute_update("wait_for_idle", result_type=dict)
+        assert idle["stopReason"] == "error"
+        assert (
+            "The context transform failed: RuntimeError: no context for you"
+            in idle["messages"][-1]["errorMessage"]
+        )
+        await handle.execute_update("prompt", "third")
+        idle = await handle.execute_update("wait_for_idle", result_type=dict)
+        assert idle["messages"][-1]["content"][0]["text"] == "three"
+        await handle.signal("close")
+        assert len((await handle.result())["messages"]) == 8

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 from runtime.settings import Settings
 from runtime.telemetry import tracing_interceptors
+from testbed.local_stack import free_port, start_ready_process, stop_process
 from tests.support.stack import EventLog, Stack
 
 
@@ -102,3 +105,20 @@ async def test_traces_go_to_opentelemetry(stack: Stack, worker_env: dict[str, st
     names = {span.name for span in exporter.get_finished_spans()}
     assert "StartWorkflow:AgentWorkflow" in names
     assert "RunActivity:execute_tool" in names and "RunActivity:stream_assistant_response" in names
+
+
+async def test_the_metrics_port_flag_serves_metrics_without_the_variable(
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """``worker.py --metrics-port`` does what AGENT_METRICS_PORT does."""
+    port = free_port()
+    env = {k: v for k, v in worker_env.items() if k != "AGENT_METRICS_PORT"}
+    env["TEMPORAL_TASK_QUEUE"] = f"metrics-flag-{uuid.uuid4().hex[:6]}"
+    process = start_ready_process(
+        [sys.executable, "worker.py", "--metrics-port", str(port)], env, artifacts / "worker-metrics-flag.log"
+    )
+    try:
+        text = await asyncio.to_thread(scrape, port)
+        assert "temporal_" in text or "agent_" in text
+    finally:
+        stop_process(process)
