@@ -219,6 +219,9 @@ def _decode_refusal(index: int, payload: Payload, err: Exception) -> Refused:
             f"Payload {index} is stored outside the history, but this codec server has no storage: "
             "start it with the worker's AGENT_STORAGE settings.",
         )
+    if isinstance(err, json_format.ParseError) or isinstance(err.__cause__, json_format.ParseError):
+        # A reference cut short or mangled (the SDK wraps the parse error): the store is not asked.
+        return Refused(422, f"Payload {index} is marked {encoding} but is not a readable storage reference.")
     if isinstance(err, ValueError):  # no such driver, a bad or corrupt claim
         return Refused(
             422,

@@ -514,3 +514,19 @@ async def test_a_codec_less_client_starts_prompts_signals_and_reads_state(stack:
     assert started["run"] == 1
     assert state["model"] == stack.model
     assert (state["status"], state["messageCount"]) == ("idle", 4)  # prompt, answer, follow-up, answer
+
+
+async def test_a_malformed_reference_gets_a_4xx_not_a_store_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A reference cut short is the request's fault: the store was never asked."""
+    converter = worker_converter(monkeypatch, tmp_path)
+    [reference] = await converter.encode([RawValue(payload(hex_text(6000)))])
+    broken = Payload()
+    broken.CopyFrom(reference)
+    broken.data = reference.data[: len(reference.data) // 2]
+
+    async with serving(build_app(converter, CodecSettings())) as url:
+        status, text = await Endpoint(url).call("decode", as_json([broken]))
+
+    assert_one_sentence(status, text, 422, "Payload 0")
