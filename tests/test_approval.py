@@ -140,6 +140,7 @@ async def test_a_wait_survives_a_continue_as_new(stack: Stack) -> None:
     assert len(runs) > 1, "the conversation should have continued as new while waiting"
     state = await handle.query("state")
     assert [a["toolCallId"] for a in state["pendingApprovals"]] == ["g1", "g2"]
+    assert state["pendingToolCalls"] == ["g1", "g2"]  # still open in the new run
     await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": True})
     await handle.execute_update("approve_tool", {"toolCallId": "g2", "approved": True})
     result = await asyncio.wait_for(handle.result(), 60)

@@ -81,7 +81,10 @@ class Session:
         self.context_length = carry.context_length
         self.continued_runs = carry.continued_runs
         self.run_ended = False  # a run ended and no other started since
-        self.running_tools: list[str] = []
+        # Calls started and not ended; a batch resumed after continue-as-new
+        # has only calls waiting for approval open (they count as pending).
+        batch = carry.run.batch if carry.run is not None else None
+        self.running_tools: list[str] = list(batch.waiting) if batch is not None else []
         self.approvals: dict[str, PendingApproval] = {a.tool_call_id: a for a in carry.approvals}
         self.decisions: dict[str, ApprovalRequest] = {d.tool_call_id: d for d in carry.decisions}
         self.search_attributes = carry.search_attributes
