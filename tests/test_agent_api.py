@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 
 from tests.support.stack import EventLog, Stack
 
@@ -87,9 +88,9 @@ async def test_state_and_settings_read_as_plain_json_with_every_key_by_a_client_
     stack: Stack,
 ) -> None:
     """SPEC §10: the state query and the control updates' results stay plain
-    JSON at any size (a long system prompt, a long streaming message), so a
-    client with the SDK's default converter reads them; SPEC §8: the keys
-    are there, null where unset."""
+    JSON under the storage threshold (a long system prompt, a long streaming
+    message), so a client with the SDK's default converter reads them;
+    SPEC §8: the keys are there, null where unset."""
     handle = await stack.start()
     plain = (await Client.connect(stack.dev_server.address)).get_workflow_handle(handle.id)
     long_prompt = "Answer carefully and cite the tool results you used. " * 100  # over the 2 KB threshold
@@ -112,6 +113,9 @@ async def test_clear_queues_refuses_anything_but_the_three_names(stack: Stack) -
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update("clear_queues", bad)
         assert 'clear_queues takes "steering", "followUp" or "all"' in str(refused.value.cause)
+        # A refusal is final, typed as the handlers' own failures (the CLI shows it so).
+        cause = refused.value.cause
+        assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput" and cause.non_retryable
     assert (await handle.query("state"))["steeringQueue"] == 1  # nothing was cleared
     assert [m["content"] for m in await handle.execute_update("clear_queues")] == ["kept"]  # none: all
     await log.wait_for_type("agent_end")

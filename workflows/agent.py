@@ -12,6 +12,8 @@ bound in by ``workflows/bindings.py`` when the worker is built.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -118,6 +120,21 @@ CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
 _SNAKE_START_KEYS = frozenset(name for name, f in SessionInput.model_fields.items() if f.alias != name)
 _INTERNAL_START_KEYS = frozenset({"carry"})
 _START_KEYS = _SNAKE_START_KEYS | frozenset(f.alias or n for n, f in SessionInput.model_fields.items())
+
+
+def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
+    """An update validator whose ``InputError`` refuses the update as the
+    handlers' own failures do: type ``InvalidInput``, not retryable (else
+    the SDK reports the exception's class, retryable)."""
+
+    @functools.wraps(validator)
+    def refuse(self: Any, *args: Any) -> None:
+        try:
+            validator(self, *args)
+        except InputError as err:
+            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+
+    return refuse
 
 
 def _written_by_previous_run(info: workflow.Info) -> bool:
@@ -547,6 +564,7 @@ class AgentWorkflow:
         return PromptResult(run=self._session.runs + 1, event_offset=self._stream.offset())
 
     @prompt.validator
+    @_refusing
     def _validate_prompt(self, *args: Any) -> None:
         self._session.check_accepts_run()
         prompt_messages(single_argument(args, "prompt"), self._now_ms)
@@ -562,6 +580,7 @@ class AgentWorkflow:
         return PromptResult(run=self._session.runs + 1, event_offset=self._stream.offset())
 
     @continue_.validator
+    @_refusing
     def _validate_continue(self, *args: Any) -> None:
         no_arguments(args, "continue")
         self._session.check_accepts_run()
@@ -585,6 +604,7 @@ class AgentWorkflow:
         return settings
 
     @configure.validator
+    @_refusing
     def _validate_configure(self, *args: Any) -> None:
         self._parse_configure(args)
 
@@ -630,6 +650,7 @@ class AgentWorkflow:
         return removed
 
     @clear_queues.validator
+    @_refusing
     def _validate_clear_queues(self, *args: Any) -> None:
         # No argument (or null) clears both; anything else must be one of the
         # three names (an empty string or false is refused, not read as "all").
@@ -645,6 +666,7 @@ class AgentWorkflow:
         return self.state()
 
     @reset.validator
+    @_refusing
     def _validate_reset(self, *args: Any) -> None:
         no_arguments(args, "reset")
         if self._session.closing:
@@ -672,6 +694,7 @@ class AgentWorkflow:
         return session.idle_result()
 
     @wait_for_idle.validator
+    @_refusing
     def _validate_wait_for_idle(self, *args: Any) -> None:
         no_arguments(args, "wait_for_idle")
 
@@ -686,6 +709,7 @@ class AgentWorkflow:
         return decision
 
     @approve_tool.validator
+    @_refusing
     def _validate_approve_tool(self, *args: Any) -> None:
         self._parse_approval(args)
 
