@@ -37,7 +37,8 @@ UNCOMPRESSED_KEY = "compression"
 UNCOMPRESSED = b"none"
 """Metadata of a control payload (a model class with ``uncompressed``: the
 ``state`` query, the settings in force, a prompt's receipt) that the codec
-leaves plain JSON at any size (``CompressionCodec``)."""
+never compresses (``CompressionCodec``); one past the storage threshold
+still moves to the payload store, as any payload."""
 
 
 class _DecodeSafeJSONConverter(PydanticJSONPlainPayloadConverter):

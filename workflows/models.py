@@ -38,8 +38,8 @@ class WireModel(BaseModel):
     uncompressed: ClassVar[bool] = False
     """A control payload (the ``state`` query, the settings in force, a
     prompt's receipt): the payload converter marks it so that the codec
-    leaves it plain JSON at any size, readable by a client without the
-    codec (SPEC section 10)."""
+    never compresses it: under the storage threshold it is plain JSON, read
+    by a client without the codec (SPEC section 10)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
