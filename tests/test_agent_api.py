@@ -80,6 +80,9 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
     ):
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update("configure", bad)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("configure", {})
+    assert "at least one setting to change" in str(refused.value.cause)
     assert (await handle.query("state"))["model"] == other_model
     await handle.signal("close")
 

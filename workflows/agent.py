@@ -611,8 +611,10 @@ class AgentWorkflow:
     def _parse_configure(self, args: tuple[Any, ...]) -> tuple[AgentSettings, set[str]]:
         payload = single_argument(args, "configure")
         if not isinstance(payload, dict) or not payload:
+            got = "an empty object" if isinstance(payload, dict) else type(payload).__name__
             raise InputError(
-                'configure takes an object with the settings to change, e.g. {"model": "gpt-4o"}.'
+                "configure takes an object with at least one setting to change, "
+                f'e.g. {{"model": "gpt-4o"}}, not {got}.'
             )
         known = {name: name for name in AgentSettings.model_fields} | {
             field.alias: name for name, field in AgentSettings.model_fields.items() if field.alias
