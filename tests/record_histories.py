@@ -346,7 +346,7 @@ async def unknown_start_key(
     client: Client, server: ScriptedModelServer, model: str
 ) -> WorkflowHandle[Any, Any]:
     """A start input with a key the workflow does not know: it fails with a
-    sentence (before the refuse-unknown-start-keys patch it was ignored)."""
+    sentence (before the strict-start-input patch it was ignored)."""
     server.script(model, [{"text": "answered"}])
     handle = await start(client, model, prompt="hi", closeWhenIdle=True, sytemPrompt="Be brief.")
     try:

@@ -77,6 +77,9 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
         {"tools": ["teleport"]},
         {"thinkingLevel": "max"},
         {"followUpMode": "some"},
+        {"maxTurns": True},  # not read as 1
+        {"maxTotalTokens": "10"},  # not read as 10
+        {"approvalTimeoutSeconds": False},
     ):
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update("configure", bad)

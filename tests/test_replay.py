@@ -77,7 +77,7 @@ def test_there_are_recorded_histories() -> None:
         "unknown_start_key",
     } <= {_stem(p) for p in V5}
     # Every scenario, recorded before the abort-before-run-start,
-    # continue-after-app-message and refuse-unknown-start-keys patches too
+    # continue-after-app-message and strict-start-input patches too
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
     assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V6}

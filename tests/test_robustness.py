@@ -108,6 +108,8 @@ async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
         ([deep(300)], ""),
         (['{"steeringMode": "sometimes"}'], "steeringMode"),
         (['{"prompt": "hi", "sytemPrompt": "Be brief."}'], "Unknown start input key(s) sytemPrompt"),
+        (['{"prompt": "hi", "maxTurns": true}'], "maxTurns"),
+        (['{"prompt": "hi", "closeWhenIdle": 1}'], "closeWhenIdle"),
     ],
 )
 async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(

@@ -13,6 +13,7 @@ bound in by ``workflows/bindings.py`` when the worker is built.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -110,9 +111,10 @@ HOLD_SWITCH_MAX_BYTES = 20 * 1024 * 1024
 # before its run begins (signal-with-start, or while the worker records its
 # defaults) applies to that run; before this patch it was dropped.
 SIGNALS_BEFORE_START_PATCH = "abort-before-run-start"
-# A start input key the workflow does not know (a misspelt `sytemPrompt`)
-# fails the start with one sentence; before this patch it was ignored.
-STRICT_START_INPUT_PATCH = "refuse-unknown-start-keys"
+# A start input key the workflow does not know (a misspelt `sytemPrompt`),
+# or a setting of the wrong JSON type (`"maxTurns": true`), fails the start
+# with one sentence; before this patch the key was ignored, the value coerced.
+STRICT_START_INPUT_PATCH = "strict-start-input"
 # `continue` (or a message arriving while idle) after an application
 # message runs the model as after a user message, as pi's continue() does;
 # before this patch it was treated as an assistant message.
@@ -120,6 +122,26 @@ CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
 _SNAKE_START_KEYS = frozenset(name for name, f in SessionInput.model_fields.items() if f.alias != name)
 _INTERNAL_START_KEYS = frozenset({"carry"})
 _START_KEYS = _SNAKE_START_KEYS | frozenset(f.alias or n for n, f in SessionInput.model_fields.items())
+_SETTINGS_KEYS = frozenset(
+    key for name, f in SessionSettings.model_fields.items() for key in (name, f.alias) if key
+)
+
+
+def _strict_start_input_error(raw: dict[str, Any]) -> str | None:
+    """Why a start input the models accept is still refused: a key the
+    workflow does not know (a misspelt ``sytemPrompt``), or a setting of the
+    wrong JSON type that lax validation would coerce (``"maxTurns": true``
+    read as 1, ``"10"`` as 10)."""
+    unknown = [str(key) for key in raw if key not in _START_KEYS]
+    if unknown:
+        takes = ", ".join(sorted(_START_KEYS - _INTERNAL_START_KEYS - _SNAKE_START_KEYS))
+        return f"Unknown start input key(s) {', '.join(unknown)}: the start input takes {takes}."
+    settings = {key: value for key, value in raw.items() if key in _SETTINGS_KEYS}
+    try:
+        SessionSettings.model_validate_json(json.dumps(settings), strict=True)
+    except ValidationError as err:
+        return validation_text("The start input is invalid", err)
+    return None
 
 
 def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
@@ -153,7 +175,7 @@ class AgentWorkflow:
     def __init__(self, *args: Any) -> None:
         self._bindings = WorkflowBindings()
         self._input_error: str | None = None
-        self._unknown_input_keys: list[str] = []
+        self._strict_input_error: str | None = None  # refused only by runs with the patch
         session_input = self._parse_start_input(args)
         carry = session_input.carry or SessionCarry()
         self._stream = EventStream(carry.stream)
@@ -200,7 +222,7 @@ class AgentWorkflow:
             if nesting_depth(raw, START_INPUT_NESTING) > START_INPUT_NESTING:
                 raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
-            self._unknown_input_keys = [str(key) for key in raw if key not in _START_KEYS]
+            self._strict_input_error = _strict_start_input_error(raw)
             if session_input.carry is not None and (info.continued_run_id is None or info.cron_schedule):
                 raise InputError(
                     "`carry` is internal (it hands a conversation to its next run when it "
@@ -227,13 +249,8 @@ class AgentWorkflow:
             self._stream.tracking = False  # forced fallback: the linger is a plain timer
         if self._input_error:
             raise ApplicationError(self._input_error, type="InvalidInput", non_retryable=True)
-        if self._unknown_input_keys and self._versions.has(STRICT_START_INPUT_PATCH):
-            raise ApplicationError(
-                f"Unknown start input key(s) {', '.join(self._unknown_input_keys)}: the start input "
-                f"takes {', '.join(sorted(_START_KEYS - _INTERNAL_START_KEYS - _SNAKE_START_KEYS))}.",
-                type="InvalidInput",
-                non_retryable=True,
-            )
+        if self._strict_input_error and self._versions.has(STRICT_START_INPUT_PATCH):
+            raise ApplicationError(self._strict_input_error, type="InvalidInput", non_retryable=True)
         await self._record_worker_defaults()
         self._update_details()
         if session.run is not None:
@@ -606,9 +623,15 @@ class AgentWorkflow:
     @configure.validator
     @_refusing
     def _validate_configure(self, *args: Any) -> None:
-        self._parse_configure(args)
+        self._parse_configure(args, strict=True)
 
-    def _parse_configure(self, args: tuple[Any, ...]) -> tuple[AgentSettings, set[str]]:
+    def _parse_configure(
+        self, args: tuple[Any, ...], *, strict: bool = False
+    ) -> tuple[AgentSettings, set[str]]:
+        """The settings patch and the fields it sets. ``strict`` (the
+        validator: a new update) also refuses values lax validation would
+        coerce (``"maxTurns": true``); the handler stays lenient, so an update
+        accepted before that check replays as it ran."""
         payload = single_argument(args, "configure")
         if not isinstance(payload, dict) or not payload:
             got = "an empty object" if isinstance(payload, dict) else type(payload).__name__
@@ -627,6 +650,8 @@ class AgentWorkflow:
             )
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
+            if strict:
+                AgentSettings.model_validate_json(json.dumps(payload), strict=True)
         except ValidationError as err:
             raise InputError(validation_text("The settings are invalid", err)) from None
         fields = {known[key] for key in payload}
