@@ -133,7 +133,19 @@ async def test_lone_surrogates_are_replaced_not_fatal(stack: Stack) -> None:
     await handle.execute_update("wait_for_idle")
     messages = await stack.messages(handle)
     assert messages[0].content == "broken \ufffd text"
+    # In settings too, at the start and through configure (the strict type
+    # check must not refuse what the replacement makes valid).
+    settings = await handle.execute_update("configure", raw_json('{"systemPrompt": "be \\ud800 brief"}'))
+    assert settings["systemPrompt"] == "be \ufffd brief"
     await handle.signal("close")
+    started = await stack.client.start_workflow(
+        "AgentWorkflow",
+        raw_json(f'{{"model": "{stack.model}", "systemPrompt": "odd \\ud800 prompt"}}'),
+        id=f"surrogate-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    assert (await started.query("state"))["systemPrompt"] == "odd \ufffd prompt"
+    await started.signal("close")
 
 
 JSON_VALUES = st.recursive(

@@ -138,7 +138,7 @@ def _strict_start_input_error(raw: dict[str, Any]) -> str | None:
         return f"Unknown start input key(s) {', '.join(unknown)}: the start input takes {takes}."
     settings = {key: value for key, value in raw.items() if key in _SETTINGS_KEYS}
     try:
-        SessionSettings.model_validate_json(json.dumps(settings), strict=True)
+        SessionSettings.model_validate_json(json.dumps(clean_json(settings)), strict=True)
     except ValidationError as err:
         return validation_text("The start input is invalid", err)
     return None
@@ -651,7 +651,7 @@ class AgentWorkflow:
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
             if strict:
-                AgentSettings.model_validate_json(json.dumps(payload), strict=True)
+                AgentSettings.model_validate_json(json.dumps(clean_json(payload)), strict=True)
         except ValidationError as err:
             raise InputError(validation_text("The settings are invalid", err)) from None
         fields = {known[key] for key in payload}
