@@ -306,6 +306,14 @@ async def idle_waiter_at_switch(
     return latest
 
 
+async def closed_once_idle(handle: WorkflowHandle[Any, Any]) -> WorkflowHandle[Any, Any]:
+    """Wait for the run to end, then close the conversation and let it complete."""
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+    await handle.result()
+    return handle
+
+
 async def abort_at_start(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
     """A prompt started with an abort signal (signal-with-start): before the
     abort-before-run-start patch the abort was dropped and the run ran."""
@@ -320,10 +328,7 @@ async def stop_at_start(client: Client, server: ScriptedModelServer, model: str)
     first turn (before the patch the signal was dropped)."""
     server.script(model, [{"tool_calls": [call("t1", "calculator", expression="1+1")]}, {"text": "two"}])
     handle = await start(client, model, prompt="add", start_signal="stop_after_turn")
-    await handle.execute_update("wait_for_idle")
-    await handle.signal("close")
-    await handle.result()
-    return handle
+    return await closed_once_idle(handle)
 
 
 async def continue_after_app(
@@ -336,10 +341,7 @@ async def continue_after_app(
     note = {"role": "note", "content": "for the app only"}
     handle = await start(client, model, messages=[{"role": "user", "content": "q"}, note])
     await handle.signal("follow_up", "and then?")
-    await handle.execute_update("wait_for_idle")
-    await handle.signal("close")
-    await handle.result()
-    return handle
+    return await closed_once_idle(handle)
 
 
 async def unknown_start_key(
