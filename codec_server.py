@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import functools
 import hmac
 import json
@@ -132,13 +134,29 @@ async def _read_payloads(request: web.Request) -> list[Payload]:
     if not isinstance(body, dict):
         raise Refused(400, 'The body is JSON but not an object: send {"payloads": [...]}.')
     try:
-        return list(json_format.ParseDict(body, Payloads()).payloads)
+        payloads = list(json_format.ParseDict(body, Payloads()).payloads)
     except json_format.ParseError as err:
         raise Refused(
             400,
             f"The body is not a Payloads object in protobuf JSON ({_reason(err)}): "
             'send {"payloads": [...]}.',
         ) from None
+    for index, item in enumerate(body.get("payloads") or []):
+        # protobuf's parser reads a few invalid characters as no bytes at all
+        fields = [item.get("data"), *(item.get("metadata") or {}).values()] if isinstance(item, dict) else []
+        if any(isinstance(value, str) and not _is_base64(value) for value in fields):
+            raise Refused(400, f"Payload {index} has data or metadata that is not base64.")
+    return payloads
+
+
+def _is_base64(text: str) -> bool:
+    """Standard or URL-safe base64, padded or not, as protobuf JSON writes bytes."""
+    alphabet = b"-_" if "-" in text or "_" in text else None
+    try:
+        base64.b64decode(text + "=" * (-len(text) % 4), altchars=alphabet, validate=True)
+    except (ValueError, binascii.Error):
+        return False
+    return True
 
 
 async def _decode(converter: DataConverter, index: int, payload: Payload) -> Payload:

@@ -205,6 +205,11 @@ def assert_one_sentence(status: int, text: str, expected_status: int, *words: st
         ("[]", 400, ["not an object"]),
         ('{"payload": []}', 400, ["not a Payloads object"]),
         (
+            '{"payloads": [{"metadata": {"encoding": "anNvbi9wbGFpbg=="}, "data": "!!!"}]}',
+            400,
+            ["Payload 0", "base64"],
+        ),
+        (
             as_json([payload(b"x", b"binary/encrypted")]),
             422,
             ["Payload 0", "binary/encrypted", "no encryption key", "AGENT_ENCRYPTION_KEYS"],
