@@ -233,10 +233,14 @@ class StreamAssembler:
         return events
 
     def _close_tool(self) -> list[dict[str, Any]]:
-        """``toolcall_end`` for the tool call receiving deltas, its arguments parsed."""
+        """``toolcall_end`` for the tool call receiving deltas, if any."""
         if self._open_tool is None:
             return []
         index, self._open_tool = self._open_tool, None
+        return [self._end_tool_call(index)]
+
+    def _end_tool_call(self, index: int) -> dict[str, Any]:
+        """The ``toolcall_end`` of block ``index``, its arguments parsed now."""
         block = self._blocks[index]
         assert isinstance(block, ToolCall)
         raw = self._raw_args[index]
@@ -252,7 +256,7 @@ class StreamAssembler:
         except (ValueError, RecursionError) as err:
             block.arguments = {}
             self._arg_errors[block.id] = f"{err or type(err).__name__} (received: {raw[:500]})"
-        return [{"type": "toolcall_end", "contentIndex": index, "toolCall": block.model_dump()}]
+        return {"type": "toolcall_end", "contentIndex": index, "toolCall": block.model_dump()}
 
     def _close_open(self) -> list[dict[str, Any]]:
         if self._open is None:
@@ -274,10 +278,11 @@ class StreamAssembler:
         if not aborted and self._finish_reason is None:
             raise StreamEndedEarly("The model's stream ended before it finished its answer.")
         events = self._close_open() + self._close_tool()
-        for index in sorted(self._raw_args):
-            if self._closed_args.get(index) != self._raw_args[index]:
-                self._open_tool = index  # never closed, or reopened by an interleaved delta
-                events += self._close_tool()
+        events += [
+            self._end_tool_call(index)  # never closed, or reopened by an interleaved delta
+            for index in sorted(self._raw_args)
+            if self._closed_args.get(index) != self._raw_args[index]
+        ]
         if aborted:
             events = [e for e in events if e["type"] != "toolcall_end"]
         errors = dict(self._arg_errors)

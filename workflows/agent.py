@@ -119,11 +119,18 @@ STRICT_START_INPUT_PATCH = "strict-start-input"
 # message runs the model as after a user message, as pi's continue() does;
 # before this patch it was treated as an assistant message.
 CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
-_SNAKE_START_KEYS = frozenset(name for name, f in SessionInput.model_fields.items() if f.alias != name)
-_INTERNAL_START_KEYS = frozenset({"carry"})
-_START_KEYS = _SNAKE_START_KEYS | frozenset(f.alias or n for n, f in SessionInput.model_fields.items())
-_SETTINGS_KEYS = frozenset(
-    key for name, f in SessionSettings.model_fields.items() for key in (name, f.alias) if key
+
+
+def _keys(model: type[SessionSettings]) -> frozenset[str]:
+    """The keys ``model`` reads: camelCase aliases and snake_case names."""
+    return frozenset(key for name, f in model.model_fields.items() for key in (name, f.alias) if key)
+
+
+_START_KEYS = _keys(SessionInput)
+_SETTINGS_KEYS = _keys(SessionSettings)
+# What a refusal lists: the camelCase keys, without the internal `carry`.
+_START_KEYS_TOLD = ", ".join(
+    sorted(f.alias or name for name, f in SessionInput.model_fields.items() if name != "carry")
 )
 
 
@@ -134,8 +141,7 @@ def _strict_start_input_error(raw: dict[str, Any]) -> str | None:
     read as 1, ``"10"`` as 10)."""
     unknown = [str(key) for key in raw if key not in _START_KEYS]
     if unknown:
-        takes = ", ".join(sorted(_START_KEYS - _INTERNAL_START_KEYS - _SNAKE_START_KEYS))
-        return f"Unknown start input key(s) {', '.join(unknown)}: the start input takes {takes}."
+        return f"Unknown start input key(s) {', '.join(unknown)}: the start input takes {_START_KEYS_TOLD}."
     settings = {key: value for key, value in raw.items() if key in _SETTINGS_KEYS}
     try:
         SessionSettings.model_validate_json(json.dumps(clean_json(settings)), strict=True)
