@@ -40,6 +40,10 @@ MODEL_PRICES: dict[str, tuple[float, float, float]] = {
     "o3": (2.00, 8.00, 0.50),
 }
 
+# The chunk fields a reasoning delta may come in, as pi reads them; the one
+# a thinking block came in is its ``thinkingSignature``.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_text")
+
 _FINISH_REASONS: dict[str, StopReason] = {
     "stop": "stop",
     "length": "length",
@@ -102,6 +106,13 @@ def _image_part(image: ImageContent) -> dict[str, Any]:
 
 def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
     result: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    thinking = [c for c in message.content if isinstance(c, ThinkingContent) and c.thinking.strip()]
+    if thinking and thinking[0].thinking_signature in REASONING_FIELDS:
+        # As pi does: the reasoning goes back in the field it streamed in
+        # (its ``thinkingSignature``), which llama.cpp's gpt-oss and the
+        # reasoning models that call tools expect on the next request. Only
+        # a reasoning field: a transcript given at start cannot set others.
+        result[thinking[0].thinking_signature] = "\n".join(c.thinking for c in thinking)
     if message.tool_calls:
         result["tool_calls"] = [
             {
@@ -179,9 +190,9 @@ class StreamAssembler:
         events: list[dict[str, Any]] = []
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                events += self._append_text(ThinkingContent, "thinking", reasoning)
+            field = next((f for f in REASONING_FIELDS if delta.get(f)), None)
+            if field is not None:
+                events += self._append_text(ThinkingContent, "thinking", delta[field], signature=field)
             if delta.get("content"):
                 events += self._append_text(TextContent, "text", delta["content"])
             for call in delta.get("tool_calls") or []:
@@ -191,12 +202,20 @@ class StreamAssembler:
         return events
 
     def _append_text(
-        self, kind: type[TextContent] | type[ThinkingContent], name: str, delta: str
+        self,
+        kind: type[TextContent] | type[ThinkingContent],
+        name: str,
+        delta: str,
+        signature: str | None = None,
     ) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._open is None or not isinstance(self._blocks[self._open], kind):
             events += self._close_open() + self._close_tool()
-            self._blocks.append(TextContent(text="") if kind is TextContent else ThinkingContent(thinking=""))
+            self._blocks.append(
+                TextContent(text="")
+                if kind is TextContent
+                else ThinkingContent(thinking="", thinking_signature=signature)
+            )
             self._open = len(self._blocks) - 1
             events.append({"type": f"{name}_start", "contentIndex": self._open})
         block = self._blocks[self._open]

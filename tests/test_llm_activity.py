@@ -12,9 +12,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.llm import LlmActivities
-from activities.openai_chat import StreamAssembler
+from activities.openai_chat import StreamAssembler, to_openai_messages
 from workflows.contract import LlmRequest
-from workflows.models import UserMessage
+from workflows.models import AssistantMessage, ThinkingContent, UserMessage
 
 REQUEST = LlmRequest(model="m", messages=[UserMessage(content="hi", timestamp=0)], turn=1)
 
@@ -111,3 +111,28 @@ def test_a_call_whose_arguments_are_not_json_is_reported_once_closed() -> None:
     assert message.content[0].arguments == {}
     assert list(errors) == ["j1"] and "received" in errors["j1"]
     assert [e["type"] for e in closing] == ["toolcall_end"]
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "reasoning_text"])
+def test_reasoning_goes_back_to_the_model_in_the_field_it_came_in(field: str) -> None:
+    """pi keeps the field a thinking block streamed in as its
+    ``thinkingSignature`` and sends the reasoning back in that field on the
+    next request (llama.cpp's gpt-oss, reasoning models calling tools)."""
+    assembler = StreamAssembler("m")
+    assembler.feed({"choices": [{"index": 0, "delta": {field: "plan "}}]})
+    assembler.feed({"choices": [{"index": 0, "delta": {field: "A"}}]})
+    assembler.feed(_tool_chunk(0, call_id="c1", name="echo", args='{"text": "1"}'))
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, _, _ = assembler.finish()
+    assert message.content[0].model_dump() == {"type": "thinking", "thinking": "plan A", "thinkingSignature": field}
+    sent = to_openai_messages(None, [UserMessage(content="hi", timestamp=0), message])[-1]
+    assert sent[field] == "plan A" and sent["tool_calls"][0]["id"] == "c1"
+
+
+def test_a_thinking_signature_that_is_no_reasoning_field_is_not_sent() -> None:
+    """A transcript given at start could carry any signature: only a
+    reasoning field goes back, never a key such as ``role``."""
+    message = AssistantMessage(
+        content=[ThinkingContent(thinking="x", thinking_signature="role")], stop_reason="stop", timestamp=0
+    )
+    assert to_openai_messages(None, [message]) == [{"role": "assistant", "content": ""}]
