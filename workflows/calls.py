@@ -185,7 +185,9 @@ class ActivityCalls:
                 "model": streamed.model or self._session.settings.model or "",
                 "stop_reason": "aborted",
                 "error_message": "Request was aborted",
-                "timestamp": self._now_ms(),
+                # Stamped once, when the request was made (as pi's): the
+                # message_start subscribers saw and the end are one message.
+                "timestamp": streamed.timestamp or self._now_ms(),
             }
         )
         return ModelAnswer(message, streamed=True)
