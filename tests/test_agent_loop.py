@@ -138,6 +138,10 @@ async def test_terminate_only_when_every_result_says_so() -> None:
     fake.tool("finish", finish)
     messages = await run(fake)
     assert roles(messages) == ["user", "assistant:toolUse", "toolResult:f1"]
+    # The event carries the whole result, as pi's: a subscriber sees why the run stopped.
+    end = next(e for e in fake.events if e["type"] == "tool_execution_end")
+    assert end["result"] == {"content": [{"type": "text", "text": "done"}], "terminate": True}
+    assert "details" not in messages[-1].model_dump(), "no details in the event, none in the message"
 
     mixed = agent(calls(("f1", "finish", {"text": "x"}), ("e1", "echo", {"text": "y"})), say("more"))
     mixed.tool("finish", finish)
@@ -284,7 +288,18 @@ async def test_a_failing_should_stop_hook_ends_the_run_with_an_error() -> None:
     messages = await run(fake)
     assert roles(messages) == ["user", "assistant:stop", "assistant:error"]
     assert "should_stop_after_turn failed" in (messages[-1].error_message or "")
-    assert fake.outline()[-3:] == ["message_start:assistant", "message_end:assistant:error", "agent_end"]
+    # pi's handleRunFailure: the failure message has a turn_end of its own,
+    # where a client reads the error (pi's state takes errorMessage there).
+    assert fake.outline()[-5:] == [
+        "turn_end",
+        "message_start:assistant",
+        "message_end:assistant:error",
+        "turn_end",
+        "agent_end",
+    ]
+    last_turn_end = [e for e in fake.events if e["type"] == "turn_end"][-1]
+    assert last_turn_end["message"]["stopReason"] == "error" and last_turn_end["toolResults"] == []
+    assert "modelTurn" not in last_turn_end
 
 
 async def test_approval_is_asked_in_the_batch_and_a_rejection_is_an_error_result() -> None:

@@ -112,6 +112,8 @@ async def test_a_failing_stop_hook_ends_the_run_and_the_next_prompt_works(
     idle = await handle.execute_update("wait_for_idle", result_type=dict)
     assert idle["stopReason"] == "error"
     assert "stop hook failed" in idle["messages"][-1]["errorMessage"]
+    state = await handle.query("state", result_type=dict)
+    assert state["turns"] == 1, "the failure's turn_end is no model turn"
     await handle.execute_update("prompt", "again")
     await handle.execute_update("wait_for_idle")
     await handle.signal("close")

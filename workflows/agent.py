@@ -486,7 +486,7 @@ class AgentWorkflow:
         kind = getattr(event, "type", None)
         if kind == "agent_end":
             self._update_details()
-        elif kind == "turn_end":
+        elif kind == "turn_end" and event.model_turn:
             workflow.metric_meter().create_counter("agent_turns", "Model turns (calls) of runs").add(
                 1, {"model": self._session.settings.model or ""}
             )

@@ -244,9 +244,12 @@ def _end_run(context: AgentContext, config: LoopConfig) -> None:
 
 
 def _fail_run(context: AgentContext, config: LoopConfig, text: str) -> None:
-    """pi's ``handleRunFailure``: the run ends with an error message."""
+    """pi's ``handleRunFailure``: the run ends with an error message, its
+    ``turn_end`` (where a client reads the error, as pi's state does) and
+    ``agent_end``. No model was called: it counts as no turn."""
     message = _assistant_message(config, "error", text)
     _add_message(context, config, message)
+    config.emit(TurnEndEvent(message=message, tool_results=[], model_turn=False))
     _end_run(context, config)
 
 
@@ -493,13 +496,15 @@ def _add_tool_result(
 
 
 def _emit_tool_end(config: LoopConfig, call: ToolCall, outcome: ToolOutcome) -> None:
+    # pi's event carries the tool's whole result: ``details`` as its result
+    # message has it (absent when the tool gave none), ``terminate`` when set.
+    result: dict[str, Any] = {"content": outcome.content}
+    if outcome.details is not None:
+        result["details"] = outcome.details
+    if outcome.terminate:
+        result["terminate"] = True
     config.emit(
-        ToolExecutionEndEvent(
-            tool_call_id=call.id,
-            tool_name=call.name,
-            result={"content": outcome.content, "details": outcome.details},
-            is_error=outcome.is_error,
-        )
+        ToolExecutionEndEvent(tool_call_id=call.id, tool_name=call.name, result=result, is_error=outcome.is_error)
     )
 
 

@@ -314,6 +314,10 @@ class TurnEndEvent(WireModel):
     type: Literal["turn_end"] = "turn_end"
     message: AgentMessage
     tool_results: list[ToolResultMessage]
+    model_turn: bool = Field(default=True, exclude=True)
+    """False for the ``turn_end`` of a failure message that ends a run
+    (pi's ``handleRunFailure``): on the stream like any, not counted as a
+    model turn. Never on the wire."""
 
 
 class MessageStartEvent(WireModel):

@@ -138,7 +138,7 @@ class Session:
                 self.usage = self.usage.plus(message.usage)
                 if message.stop_reason in ("error", "aborted"):
                     self.error_message = message.error_message
-        elif kind == "turn_end":
+        elif kind == "turn_end" and event.model_turn:
             self.turns.total += 1
             self.turns.this_execution += 1
         elif kind == "tool_execution_start":
