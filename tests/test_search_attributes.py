@@ -54,13 +54,17 @@ async def test_conversations_are_found_by_status_and_model(stack: Stack) -> None
     closed = await stack.start()
     await closed.signal("close")
     await closed.result()
+    stack.script({"text": "done"})
+    done = await stack.start(prompt="once", closeWhenIdle=True)  # as `starter.py run`
+    await done.result()
+    assert (await done.query("state", result_type=dict))["status"] == "closed"
 
-    ids = {h.id for h in (idle, answered, running, waiting, closed)}
+    ids = {h.id for h in (idle, answered, running, waiting, closed, done)}
     by_status = {
         "idle": {idle.id, answered.id},
         "running": {running.id},
         "awaiting-approval": {waiting.id},
-        "closed": {closed.id},
+        "closed": {closed.id, done.id},
     }
     for status, expected in by_status.items():
         assert await find(stack.client, f"AgentStatus = '{status}'", ids, expected) == expected, status
@@ -103,7 +107,8 @@ async def test_a_fast_run_upserts_its_counters_once_at_the_end(stack: Stack) -> 
     handle = await stack.start(prompt="go", closeWhenIdle=True)
     await handle.result()
     upserts = agent_upserts(await handle.fetch_history())
-    assert [u.get("AgentStatus") for u in upserts] == ["running", "idle"]
+    # Completed by closeWhenIdle: `closed`, in the one upsert at its end.
+    assert [u.get("AgentStatus") for u in upserts] == ["running", "closed"]
     assert upserts[-1]["AgentTurns"] == 12
 
 
@@ -116,7 +121,7 @@ async def test_a_slow_run_refreshes_its_counters_at_a_turn_boundary(stack: Stack
     handle = await stack.start(prompt="go", closeWhenIdle=True)
     await handle.result()
     upserts = agent_upserts(await handle.fetch_history())
-    assert [u.get("AgentStatus") for u in upserts] == ["running", None, "idle"]
+    assert [u.get("AgentStatus") for u in upserts] == ["running", None, "closed"]
     # The refresh carried the counters that had changed: the first answer's tokens.
     assert set(upserts[1]) <= {"AgentTurns", "AgentTotalTokens", "AgentCost"}
     assert upserts[1]["AgentTotalTokens"] > 0

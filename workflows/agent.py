@@ -119,6 +119,10 @@ STRICT_START_INPUT_PATCH = "strict-start-input"
 # message runs the model as after a user message, as pi's continue() does;
 # before this patch it was treated as an assistant message.
 CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
+# A conversation that completes through closeWhenIdle is `closed` (its
+# AgentStatus upserted, the `state` query's status), as one ended by
+# `close`; before this patch it stayed `idle`.
+CLOSED_WHEN_IDLE_PATCH = "closed-when-idle"
 
 
 def _keys(model: type[SessionSettings]) -> frozenset[str]:
@@ -262,9 +266,11 @@ class AgentWorkflow:
         if session.run is not None:
             await self._resume_run()
         while True:
-            if session.run_ended and session.settings.close_when_idle and session.is_idle_and_drained():
+            if self._completing_when_idle():
                 await self._let_subscribers_catch_up()
                 if session.is_idle_and_drained():
+                    if self._versions.has(CLOSED_WHEN_IDLE_PATCH):
+                        session.closing = True
                     break
                 continue  # a message arrived meanwhile: it starts a run
             await workflow.wait_condition(
@@ -291,6 +297,12 @@ class AgentWorkflow:
         self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return SessionResult(messages=session.messages)
+
+    def _completing_when_idle(self) -> bool:
+        """A run has ended, nothing is queued and ``closeWhenIdle`` is set:
+        the conversation completes (once its subscribers have read)."""
+        session = self._session
+        return session.run_ended and session.settings.close_when_idle and session.is_idle_and_drained()
 
     async def _record_worker_defaults(self) -> None:
         """Record the worker's tool declarations (and default model) in the
@@ -856,6 +868,8 @@ class AgentWorkflow:
         session = self._session
         if not session.search_attributes:
             return  # the server lacks them (recorded when the conversation started)
+        if not session.closing and self._completing_when_idle() and self._versions.has(CLOSED_WHEN_IDLE_PATCH):
+            return  # its close upserts `closed` with the counters: one upsert, not `idle` then `closed`
         values = session.search_attribute_values()
         published = session.published
         changed = {name: value for name, value in values.items() if published.get(name) != value}

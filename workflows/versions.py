@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-d"
+CURRENT = "agent-2026-12-e"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -28,6 +28,14 @@ _FIRST = frozenset(
 )
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-d": _FIRST
+    | {
+        "search-attributes-by-time",
+        "hold-switch-for-idle-waiters",
+        "abort-before-run-start",
+        "strict-start-input",
+        "continue-after-app-message",
+    },
     "agent-2026-12-c": _FIRST | {"search-attributes-by-time", "hold-switch-for-idle-waiters"},
     "agent-2026-12-b": _FIRST | {"search-attributes-by-time"},
     "agent-2026-12": _FIRST,
