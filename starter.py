@@ -34,12 +34,13 @@ from typing import Any
 
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from client import AgentMessage, Conversation, PromptResult, Refused, list_conversations
 from console import EventRenderer, approval_hint, chat, watch
 from runtime.connect import ServerUnreachable, connect
-from runtime.settings import Settings
+from runtime.settings import Settings, SettingsError
 
 THINKING_LEVELS = ["off", "minimal", "low", "medium", "high", "xhigh"]
 
@@ -389,13 +390,21 @@ async def run_command(args: argparse.Namespace) -> int:
         raise UserError(f"The conversation failed: {getattr(cause, 'message', None) or cause}") from None
     except RPCError as err:
         raise UserError(err.message) from None
+    except ApplicationError as err:
+        if err.type != "PayloadRefused":
+            raise
+        # An answer this process cannot decode (encrypted with a key it does
+        # not have): what was sent did reach the conversation.
+        raise UserError(
+            f"The conversation's answer could not be read here (what was sent was delivered): {err.message}"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         code = asyncio.run(run_command(args))
-    except (UserError, ServerUnreachable) as err:
+    except (UserError, ServerUnreachable, SettingsError) as err:
         print(f"error: {err}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:

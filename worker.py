@@ -84,8 +84,10 @@ def build_worker(
     them up to date. A killed worker's cached workflows move to another
     worker after one second (not the default ten), and heartbeats reach the
     server at least once a second, so an abort or a dead worker is noticed
-    quickly.
+    quickly. Refuses (``SettingsError``) a payload store inside the tools'
+    workspace.
     """
+    settings.check_workspace()
     tools = dict(registered_tools() if tools is None else tools)
     declared = declarations(tools, set(settings.local_tools))
     bindings = WorkflowBindings(
@@ -154,6 +156,7 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
 
 
 async def run_worker(settings: Settings) -> None:
+    settings.check_workspace()  # before connecting: one line, at once
     load_tool_modules(settings.tool_modules)
     runtime = metrics_runtime(settings)
     client = await connect(settings, runtime=runtime, interceptors=tracing_interceptors(settings))

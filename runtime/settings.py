@@ -157,6 +157,12 @@ class Settings:
             raise SettingsError(
                 f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {self.storage!r}."
             )
+
+    def check_workspace(self) -> None:
+        """For a process that runs tools (the worker): its tools must not
+        reach the payload store. Clients and the codec server run no tools
+        and do not ask (their default workspace, the working directory, may
+        well hold the default store: run from the home directory)."""
         if self.storage == "file" and self.workspace in (self.storage_dir, *self.storage_dir.parents):
             raise SettingsError(
                 f"The payload store {self.storage_dir} is inside the tools' workspace {self.workspace}: "

@@ -290,14 +290,16 @@ async def starter(dev_server: DevServer, *args: str) -> tuple[int, str]:
     return code, stdout
 
 
-async def starter_with_stderr(dev_server: DevServer, *args: str) -> tuple[int, str, str]:
+async def starter_with_stderr(
+    dev_server: DevServer, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> tuple[int, str, str]:
     """Run ``starter.py`` to the end; its exit code, stdout and stderr."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        "starter.py",
+        str(ROOT / "starter.py"),
         *args,
-        cwd=ROOT,
-        env=client_env(dev_server),
+        cwd=cwd,
+        env={**client_env(dev_server), **(env or {})},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -809,3 +811,26 @@ async def test_starter_list_shows_conversations_by_status_and_model(stack: Stack
     assert set(everything) == {idle.id, waiting.id}
     assert everything[idle.id].split()[1:3] == ["idle", stack.model]
     assert set(only_waiting) == {waiting.id}
+
+
+async def test_starter_settings_errors_are_one_line_and_it_runs_from_any_directory(
+    dev_server: DevServer, tmp_path: Path
+) -> None:
+    code, stdout, stderr = await starter_with_stderr(dev_server, "list", env={"AGENT_STORAGE": "bogus"})
+    assert (code, stdout) == (2, "")
+    assert stderr.startswith("error: AGENT_STORAGE must be 'file', 'off'") and stderr.count("\n") == 1
+    # The default store under the working directory (say, run from the home
+    # directory): only a worker, whose tools read that directory, refuses it.
+    home = {"AGENT_DATA_DIR": str(tmp_path / "data"), "AGENT_WORKSPACE": "", "AGENT_STORAGE_DIR": ""}
+    code, _, stderr = await starter_with_stderr(dev_server, "list", env=home, cwd=tmp_path)
+    assert code == 0, stderr
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "worker.py"),
+        cwd=tmp_path,
+        env={**client_env(dev_server), **home},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, werr = await asyncio.wait_for(worker.communicate(), TIMEOUT)
+    assert worker.returncode == 2
+    assert werr.decode().startswith("error: The payload store") and "inside the tools' workspace" in werr.decode()

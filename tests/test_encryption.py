@@ -5,8 +5,10 @@ token) read everything; and keys rotate (the first encrypts, all decrypt)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import sys
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -340,3 +342,33 @@ async def test_a_conversation_goes_on_after_the_key_is_rotated(
     assert {b"a", b"b"} <= key_ids
     # The context came from the store (blobs under a), not resent inline after a failed read.
     assert not [e for e in history.events if e.HasField("activity_task_failed_event_attributes")]
+
+
+async def test_the_starter_without_the_key_says_so_in_one_line(
+    dev_server: DevServer, model_server: ScriptedModelServer, encrypted_worker: EncryptedWorker
+) -> None:
+    """A key missing during a rotation: the starter says it cannot read the
+    answer (and that what it sent was delivered), not a traceback."""
+    encrypted_worker.start(f"a:{KEY_A}")
+    stack = stack_for(
+        await encrypted_worker.client(dev_server, f"a:{KEY_A}"), encrypted_worker, model_server, dev_server
+    )
+    handle = await stack.start()
+    env = {**encrypted_worker.env, "AGENT_ENCRYPTION_KEYS": ""}
+    env.pop("AGENT_ENCRYPTION_KEYS_FILE", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "starter.py",
+        "state",
+        handle.id,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    await handle.signal("close")
+    assert (process.returncode, stdout) == (2, b"")
+    line = stderr.decode()
+    assert line.startswith("error: The conversation's answer could not be read here") and line.count("\n") == 1
+    assert "encrypted" in line, line
