@@ -312,12 +312,21 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--wait", action="store_true", help="stream the run to its end; exit 1 if it ended in error"
         )
-    for name in ("steer", "follow-up"):
-        sub = commands.add_parser(name)
+    for name, text in (
+        ("steer", "queue TEXT for the run's next model call (or start a run when idle)"),
+        ("follow-up", "queue TEXT for when the run would end (or start a run when idle)"),
+    ):
+        sub = commands.add_parser(name, help=text)
         sub.add_argument("id")
         sub.add_argument("text")
-    for name in ("abort", "stop", "close", "state", "messages"):
-        commands.add_parser(name).add_argument("id")
+    for name, text in (
+        ("abort", "abort the active run"),
+        ("stop", "end the active run after its current turn"),
+        ("close", "end the conversation (an active run is aborted first)"),
+        ("state", "print the state query (JSON)"),
+        ("messages", "print the transcript (JSON)"),
+    ):
+        commands.add_parser(name, help=text).add_argument("id")
 
     configure = commands.add_parser(
         "configure", help="change settings from the next model call; print those in force"
