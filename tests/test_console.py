@@ -833,4 +833,7 @@ async def test_starter_settings_errors_are_one_line_and_it_runs_from_any_directo
     )
     _, werr = await asyncio.wait_for(worker.communicate(), TIMEOUT)
     assert worker.returncode == 2
-    assert werr.decode().startswith("error: The payload store") and "inside the tools' workspace" in werr.decode()
+    assert (
+        werr.decode().startswith("error: The payload store")
+        and "inside the tools' workspace" in werr.decode()
+    )

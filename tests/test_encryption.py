@@ -370,5 +370,7 @@ async def test_the_starter_without_the_key_says_so_in_one_line(
     await handle.signal("close")
     assert (process.returncode, stdout) == (2, b"")
     line = stderr.decode()
-    assert line.startswith("error: The conversation's answer could not be read here") and line.count("\n") == 1
+    assert (
+        line.startswith("error: The conversation's answer could not be read here") and line.count("\n") == 1
+    )
     assert "encrypted" in line, line

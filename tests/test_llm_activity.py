@@ -124,7 +124,11 @@ def test_reasoning_goes_back_to_the_model_in_the_field_it_came_in(field: str) ->
     assembler.feed(_tool_chunk(0, call_id="c1", name="echo", args='{"text": "1"}'))
     assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     message, _, _ = assembler.finish()
-    assert message.content[0].model_dump() == {"type": "thinking", "thinking": "plan A", "thinkingSignature": field}
+    assert message.content[0].model_dump() == {
+        "type": "thinking",
+        "thinking": "plan A",
+        "thinkingSignature": field,
+    }
     sent = to_openai_messages(None, [UserMessage(content="hi", timestamp=0), message])[-1]
     assert sent[field] == "plan A" and sent["tool_calls"][0]["id"] == "c1"
 

@@ -524,7 +524,9 @@ async def test_abort_mid_stream_keeps_partial_text(stack: Stack) -> None:
     assert last.text == seen and last.text and ("a long answer " * 40).startswith(last.text)
     assert len(last.text) < len("a long answer " * 40)
     # One message from start to end: stamped once, when it was requested (pi's).
-    started = next(e for e in log.events if e["type"] == "message_start" and e["message"]["role"] == "assistant")
+    started = next(
+        e for e in log.events if e["type"] == "message_start" and e["message"]["role"] == "assistant"
+    )
     assert last.timestamp == started["message"]["timestamp"] > 0
 
 

@@ -868,7 +868,11 @@ class AgentWorkflow:
         session = self._session
         if not session.search_attributes:
             return  # the server lacks them (recorded when the conversation started)
-        if not session.closing and self._completing_when_idle() and self._versions.has(CLOSED_WHEN_IDLE_PATCH):
+        if (
+            not session.closing
+            and self._completing_when_idle()
+            and self._versions.has(CLOSED_WHEN_IDLE_PATCH)
+        ):
             return  # its close upserts `closed` with the counters: one upsert, not `idle` then `closed`
         values = session.search_attribute_values()
         published = session.published

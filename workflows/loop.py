@@ -504,7 +504,9 @@ def _emit_tool_end(config: LoopConfig, call: ToolCall, outcome: ToolOutcome) -> 
     if outcome.terminate:
         result["terminate"] = True
     config.emit(
-        ToolExecutionEndEvent(tool_call_id=call.id, tool_name=call.name, result=result, is_error=outcome.is_error)
+        ToolExecutionEndEvent(
+            tool_call_id=call.id, tool_name=call.name, result=result, is_error=outcome.is_error
+        )
     )
 
 
