@@ -6,6 +6,7 @@ under the history guard (tests/conftest.py): no workflow task may fail."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from typing import Any
@@ -408,3 +409,65 @@ async def test_stream_batches_per_call_are_budgeted(stack: Stack) -> None:
     )
     request = json.loads(scheduled.input.payloads[0].data)
     assert 0 < request["maxBatches"] <= (10_000 - 1_000) // 2
+
+
+# --- the event stream's own handlers ---------------------------------------------------------
+
+PUBLISH = "__temporal_workflow_stream_publish"
+
+
+def _item(data: str) -> dict[str, str]:
+    return {"topic": "events", "data": data}
+
+
+def _event_item(event: Any) -> dict[str, str]:
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(event).encode())
+    return _item(base64.b64encode(payload.SerializeToString()).decode())
+
+
+async def test_malformed_publish_signals_are_dropped_not_fatal(stack: Stack) -> None:
+    """Anyone who may signal may send the stream's publish signal: a shape
+    it cannot take is dropped, and the conversation goes on (before, each
+    failed the workflow task over and over: a wedged conversation)."""
+    handle = await stack.start()
+    await handle.signal(PUBLISH)
+    await handle.signal(PUBLISH, raw_json("null"))
+    await handle.signal(PUBLISH, {"items": [_item("!!!not base64")]})
+    await handle.signal(PUBLISH, {"items": [_item(base64.b64encode(b"\xff\x00garbage").decode())]})
+    await handle.signal(PUBLISH, {"items": [], "publisher_id": "p", "sequence": "a"})
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
+async def test_forged_events_while_the_model_streams_break_neither_state_nor_abort(stack: Stack) -> None:
+    stack.script({"text": "a long answer " * 40, "delay_ms": 50})
+    handle = await stack.start(prompt="talk")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: any(e["type"] == "message_update" for e in es))
+    log.close()  # it reads events as this project publishes them
+    forged = [
+        {"type": "message_update", "assistantMessageEvent": "not an update"},
+        {
+            "type": "message_update",
+            "assistantMessageEvent": {"type": "text_delta", "contentIndex": "0", "delta": 5},
+        },
+        {"type": "message_start", "message": "not a message"},
+    ]
+    await handle.signal(
+        PUBLISH, {"items": [_event_item(e) for e in forged], "publisher_id": "f", "sequence": 1}
+    )
+    current = await state(stack, handle)
+    assert current.is_streaming and current.streaming_message is not None
+    assert current.streaming_message.text and ("a long answer " * 40).startswith(
+        current.streaming_message.text
+    )
+    # A forged assistant message_start that no message validates against: nothing streams.
+    invalid = {"type": "message_start", "message": {"role": "assistant", "content": 5, "usage": "none"}}
+    await handle.signal(PUBLISH, {"items": [_event_item(invalid)], "publisher_id": "f", "sequence": 2})
+    assert (await state(stack, handle)).streaming_message is None
+    await handle.signal("abort")
+    await handle.execute_update("wait_for_idle")
+    messages = await handle.query("messages", result_type=list)
+    assert messages[-1]["stopReason"] == "aborted"
+    await still_answers(stack, handle)
+    await handle.signal("close")

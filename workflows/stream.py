@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import (
@@ -85,15 +86,21 @@ class EventStream:
         publish = workflow.get_signal_handler(PUBLISH_SIGNAL)
         if publish is not None:
 
-            def on_publish(payload: PublishInput) -> None:
+            def on_publish(payload: PublishInput | None = None) -> None:
                 self.signals += 1
+                if not isinstance(payload, PublishInput):
+                    workflow.logger.warning("Dropped a publish signal without its input")
+                    return
                 publisher = payload.publisher_id
                 if publisher and publisher in self._closed_publishers:
                     return  # late deltas of an aborted model call, after its aborted message
                 if publisher and self.model_call_offset is not None:
                     # While the model is called nothing else publishes: this is its activity.
                     self._model_publishers.add(publisher)
-                publish(payload)
+                try:
+                    publish(payload)
+                except Exception as err:  # items that do not decode: anyone may signal, nobody may wedge it
+                    workflow.logger.warning("Dropped a publish signal whose items do not decode: %s", err)
 
             workflow.set_signal_handler(PUBLISH_SIGNAL, on_publish)
         poll = workflow.get_update_handler(POLL_UPDATE)
@@ -164,7 +171,10 @@ class EventStream:
         while True:
             batch: PollResult = read(PollInput(topics=[EVENTS_TOPIC], from_offset=offset))
             for item in batch.items:
-                events.append(converter.from_payloads([item_payload(item.data)])[0])
+                try:
+                    events.append(converter.from_payloads([item_payload(item.data)])[0])
+                except Exception:  # not an event this project published (a forged signal): skipped
+                    continue
             if not batch.more_ready or batch.next_offset <= offset:
                 return events
             offset = batch.next_offset
@@ -213,24 +223,37 @@ def partial_message(events: list[dict[str, Any]]) -> AssistantMessage | None:
     starts the message over). None when no message is streaming."""
     message: dict[str, Any] | None = None
     blocks: dict[int, dict[str, Any]] = {}
+    # Any client can signal events onto the stream: one of another shape is
+    # passed over, and a message that does not validate is no message.
     for event in events:
+        if not isinstance(event, dict):
+            continue
         kind = event.get("type")
-        if kind == "message_start" and event.get("message", {}).get("role") == "assistant":
-            message, blocks = dict(event["message"]), {}
+        if kind == "message_start":
+            started = event.get("message")
+            if isinstance(started, dict) and started.get("role") == "assistant":
+                message, blocks = dict(started), {}
         elif kind == "message_retry":
             blocks = {}
         elif kind == "message_end":
             message = None
         elif kind == "message_update" and message is not None:
-            _fold(blocks, event.get("assistantMessageEvent") or {})
+            update = event.get("assistantMessageEvent")
+            if isinstance(update, dict):
+                _fold(blocks, update)
     if message is None:
         return None
     message["content"] = [blocks[i] for i in sorted(blocks)]
-    return AssistantMessage.model_validate(message)
+    try:
+        return AssistantMessage.model_validate(message)
+    except ValidationError:
+        return None
 
 
 def _fold(blocks: dict[int, dict[str, Any]], update: dict[str, Any]) -> None:
     kind, index = update.get("type", ""), update.get("contentIndex", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or not isinstance(update.get("delta", ""), str):
+        return
     if kind == "text_start":
         blocks[index] = {"type": "text", "text": ""}
     elif kind == "thinking_start":
