@@ -176,12 +176,14 @@ async def test_a_subscriber_between_polls_reads_the_end_before_completion(stack:
     assert seen[-1]["type"] == "agent_end"
     assert [e["type"] for e in seen] == [e["type"] for e in await read_events(stack.client, handle.id)]
     # It waited for the subscriber's next poll, which read the rest, then
-    # completed: no timer fired, and nobody had to replay the history.
+    # completed (closed: its status upserted): no timer fired, and nobody
+    # had to replay the history.
     events = kinds(await handle.fetch_history())
     tail = events[events.index("TIMER_STARTED") :]
-    assert tail[-3:] == [
+    assert tail[-4:] == [
         "WORKFLOW_EXECUTION_UPDATE_COMPLETED",
         "TIMER_CANCELED",
+        "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES",
         "WORKFLOW_EXECUTION_COMPLETED",
     ]
     assert "TIMER_FIRED" not in tail
