@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ class CodecServer:
         if "listening on" not in line:
             self.process.kill()
             raise RuntimeError(f"codec server did not start: {line!r} (see {self.log_path})")
+        drain(self.process, self.log_path)
         return self
 
     def start(self) -> CodecServer:
@@ -213,6 +215,24 @@ def start_worker(
     return start_ready_process(args, env, log_path)
 
 
+def drain(process: subprocess.Popen[bytes], log_path: Path | None) -> None:
+    """Copy what ``process`` writes to stdout after its first line to
+    ``log_path`` (or nowhere), from a daemon thread: a pipe nobody reads
+    fills at 64 KiB, and the child then blocks on its next write (a worker
+    that logs, say, a burst of warnings would stop polling)."""
+    stream = process.stdout
+    if stream is None:
+        return
+
+    def copy() -> None:
+        with open(log_path, "ab") if log_path else open(os.devnull, "wb") as sink:
+            for line in iter(stream.readline, b""):
+                sink.write(line)
+                sink.flush()
+
+    threading.Thread(target=copy, name=f"drain-{process.pid}", daemon=True).start()
+
+
 def start_ready_process(
     args: list[str], env: dict[str, str] | None, log_path: Path | None, ready: str = "worker ready"
 ) -> subprocess.Popen[bytes]:
@@ -232,6 +252,7 @@ def start_ready_process(
     if ready not in line:
         process.kill()
         raise RuntimeError(f"{args[-1] if args else 'process'} did not start: {line!r} (see {log_path})")
+    drain(process, log_path)
     return process
 
 
@@ -250,6 +271,7 @@ def start_scripted_model(log_path: Path | None = None) -> tuple[subprocess.Popen
     if "listening on" not in line:
         process.kill()
         raise RuntimeError(f"scripted model did not start: {line!r}")
+    drain(process, log_path)
     return process, line.rsplit(" ", 1)[-1]
 
 

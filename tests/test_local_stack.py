@@ -4,9 +4,11 @@ tests stand on."""
 from __future__ import annotations
 
 import socket
+import sys
+import time
 from pathlib import Path
 
-from testbed.local_stack import DevServer, free_port
+from testbed.local_stack import DevServer, free_port, start_ready_process
 
 
 def test_a_dev_server_whose_port_was_taken_starts_on_another(tmp_path: Path) -> None:
@@ -23,3 +25,16 @@ def test_a_dev_server_whose_port_was_taken_starts_on_another(tmp_path: Path) -> 
     finally:
         server.stop()
         taken.close()
+
+
+def test_a_started_process_never_blocks_on_a_full_stdout(tmp_path: Path) -> None:
+    """After its ready line, what a child writes to stdout goes to its log:
+    a pipe nobody read filled at 64 KiB and froze a chatty worker."""
+    script = "print('worker ready', flush=True); print('x' * 300_000, flush=True); print('done', flush=True)"
+    log = tmp_path / "child.log"
+    process = start_ready_process([sys.executable, "-c", script], None, log)
+    assert process.wait(timeout=20) == 0
+    deadline = time.monotonic() + 5
+    while b"done" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_bytes().endswith(b"done\n")
