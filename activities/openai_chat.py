@@ -12,6 +12,7 @@ import openai
 
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
+from workflows.inputs import clean_json, clean_text
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -192,9 +193,9 @@ class StreamAssembler:
             delta = choice.get("delta") or {}
             field = next((f for f in REASONING_FIELDS if delta.get(f)), None)
             if field is not None:
-                events += self._append_text(ThinkingContent, "thinking", delta[field], signature=field)
+                events += self._append_text(ThinkingContent, "thinking", clean_text(delta[field]), field)
             if delta.get("content"):
-                events += self._append_text(TextContent, "text", delta["content"])
+                events += self._append_text(TextContent, "text", clean_text(delta["content"]))
             for call in delta.get("tool_calls") or []:
                 events += self._append_tool_call(call)
             if choice.get("finish_reason"):
@@ -233,8 +234,8 @@ class StreamAssembler:
         block_index = self._tool_blocks.get(index)
         if block_index is None:
             events += self._close_open() + self._close_tool()
-            name = function.get("name") or ""
-            call_id = call.get("id") or f"call_{len(self._tool_blocks)}"
+            name = clean_text(function.get("name") or "")
+            call_id = clean_text(call.get("id") or f"call_{len(self._tool_blocks)}")
             self._blocks.append(ToolCall(id=call_id, name=name))
             block_index = len(self._blocks) - 1
             self._tool_blocks[index] = block_index
@@ -245,7 +246,7 @@ class StreamAssembler:
         elif block_index != self._open_tool:
             events += self._close_tool()  # an interleaved delta: that call is open again
         self._open_tool = block_index
-        pieces = function.get("arguments") or ""
+        pieces = clean_text(function.get("arguments") or "")
         if pieces:
             self._raw_args[block_index] += pieces
             events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})
@@ -271,7 +272,7 @@ class StreamAssembler:
                 raise ValueError(f"expected a JSON object, got {type(parsed).__name__}")
             if nesting_depth(parsed) > MAX_NESTING:
                 raise ValueError(f"nested deeper than {MAX_NESTING} levels")
-            block.arguments = parsed
+            block.arguments = clean_json(parsed)  # "\ud83d" escaped in the JSON: half an emoji
         except (ValueError, RecursionError) as err:
             block.arguments = {}
             self._arg_errors[block.id] = f"{err or type(err).__name__} (received: {raw[:500]})"

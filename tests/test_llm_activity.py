@@ -4,6 +4,7 @@ it), and a worker without an API key says so on the call."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -140,3 +141,18 @@ def test_a_thinking_signature_that_is_no_reasoning_field_is_not_sent() -> None:
         content=[ThinkingContent(thinking="x", thinking_signature="role")], stop_reason="stop", timestamp=0
     )
     assert to_openai_messages(None, [message]) == [{"role": "assistant", "content": ""}]
+
+
+def test_half_an_emoji_from_the_model_is_replaced_not_fatal() -> None:
+    """A lone surrogate (``"\\ud83d"`` escaped in the chunk or in a tool
+    call's arguments) cannot be encoded: the answer failed to serialize and
+    the model was called again, five times. It becomes U+FFFD."""
+    assembler = StreamAssembler("m")
+    events = assembler.feed({"choices": [{"index": 0, "delta": {"content": "hi \ud83d"}}]})
+    events += assembler.feed(_tool_chunk(0, call_id="c\ud83d", name="echo", args='{"text": "\\ud83d"}'))
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, closing = assembler.finish()
+    assert message.text == "hi \ufffd" and message.tool_calls[0].arguments == {"text": "\ufffd"}
+    assert errors == {}
+    message.model_dump_json()
+    json.dumps(events + closing, ensure_ascii=False).encode("utf-8")
