@@ -171,6 +171,7 @@ class StreamAssembler:
         self._blocks: list[TextContent | ThinkingContent | ToolCall] = []
         self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
         self._tool_blocks: dict[int, int] = {}  # OpenAI tool index -> block index
+        self._call_ids: set[str] = set()
         self._open: int | None = None  # open text/thinking block
         self._open_tool: int | None = None  # tool call receiving deltas
         self._closed_args: dict[int, str] = {}  # tool block -> its arguments when it was closed
@@ -235,7 +236,7 @@ class StreamAssembler:
         if block_index is None:
             events += self._close_open() + self._close_tool()
             name = clean_text(function.get("name") or "")
-            call_id = clean_text(call.get("id") or f"call_{len(self._tool_blocks)}")
+            call_id = self._unique_id(clean_text(call.get("id") or f"call_{len(self._tool_blocks)}"))
             self._blocks.append(ToolCall(id=call_id, name=name))
             block_index = len(self._blocks) - 1
             self._tool_blocks[index] = block_index
@@ -251,6 +252,17 @@ class StreamAssembler:
             self._raw_args[block_index] += pieces
             events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})
         return events
+
+    def _unique_id(self, call_id: str) -> str:
+        """``call_id``, or, when a call of this answer has it already, the
+        first free ``call_id_N``: each call gets its own result (and its own
+        abort, approval and argument check), which pair up by id."""
+        n = 2
+        unique = call_id
+        while unique in self._call_ids:
+            unique, n = f"{call_id}_{n}", n + 1
+        self._call_ids.add(unique)
+        return unique
 
     def _close_tool(self) -> list[dict[str, Any]]:
         """``toolcall_end`` for the tool call receiving deltas, if any."""

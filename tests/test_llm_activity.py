@@ -156,3 +156,17 @@ def test_half_an_emoji_from_the_model_is_replaced_not_fatal() -> None:
     assert errors == {}
     message.model_dump_json()
     json.dumps(events + closing, ensure_ascii=False).encode("utf-8")
+
+
+def test_two_calls_of_one_answer_with_one_id_get_ids_of_their_own() -> None:
+    """Results pair up with calls by id: a model that gives two calls one id
+    (seen with local servers) would have one call's result, abort or
+    argument check taken for the other's."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_tool_chunk(0, call_id="same", name="echo", args='{"text": "1"}'))
+    assembler.feed(_tool_chunk(1, call_id="same", name="echo", args="{not json"))
+    assembler.feed(_tool_chunk(2, call_id="same", name="echo", args='{"text": "3"}'))
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, _ = assembler.finish()
+    assert [c.id for c in message.tool_calls] == ["same", "same_2", "same_3"]
+    assert list(errors) == ["same_2"]
