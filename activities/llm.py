@@ -139,7 +139,7 @@ class LlmActivities:
                 message, argument_errors, closing = assembler.finish(aborted=True)
             except Exception as err:
                 # Not ``from err``: the cause's text (the server's raw body) would be stored too.
-                failure = _classify(err, self._secrets)
+                failure = _classify(err, self._secrets, streaming=assembler.started)
                 metrics.failed(failure.type or "Unknown")
                 raise failure from None
             metrics.answered(message)
@@ -269,9 +269,12 @@ class _ModelMetrics:
         )
 
 
-def _classify(err: Exception, secrets: Sequence[str | None] = ()) -> ApplicationError:
+def _classify(
+    err: Exception, secrets: Sequence[str | None] = (), *, streaming: bool = False
+) -> ApplicationError:
     """Retryable or not, with the server's Retry-After as the next delay, and
-    the text scrubbed of credentials (the server's body may echo the key)."""
+    the text scrubbed of credentials (the server's body may echo the key).
+    ``streaming``: the server had answered and sent chunks."""
     if isinstance(err, ApplicationError):
         return err
     if isinstance(err, openai.APIStatusError):
@@ -286,6 +289,12 @@ def _classify(err: Exception, secrets: Sequence[str | None] = ()) -> Application
         return ApplicationError(text, type=f"ModelHttp{status}", non_retryable=True)
     if isinstance(err, openai.APITimeoutError):
         return ApplicationError("The model server timed out.", type="ModelTimeout")
+    if isinstance(err, openai.APIConnectionError) and streaming:
+        # The server was reached and answering: the connection broke mid-answer.
+        return ApplicationError(
+            scrub(f"The model's stream broke off mid-answer: {_reason_of(err)}", secrets),
+            type="ModelStreamBroken",
+        )
     if isinstance(err, openai.APIConnectionError):
         return ApplicationError(
             scrub(f"Could not reach the model server: {_reason_of(err)}", secrets), type="ModelUnreachable"

@@ -401,6 +401,41 @@ async def test_every_retried_attempt_is_marked_even_one_that_fails_at_once(stack
     assert (await handle.result()).messages[-1].text == "complete answer"
 
 
+async def test_a_last_attempt_that_breaks_mid_answer_ends_the_message_it_streamed(stack: Stack) -> None:
+    """Retries used up, the last attempt broken off after some text: that
+    streamed message ends with stopReason error and what had streamed (as
+    pi's provider ends its partial output), not a second message_start; the
+    error says the stream broke, not that the server was unreachable."""
+    stack.script(
+        *[{"fault": {"kind": "status", "status": 500, "retry_after": 0.1}} for _ in range(4)],
+        {
+            "text": "partial answer that breaks off",
+            "chunk_chars": 4,
+            "fault": {"kind": "drop", "after_chunks": 3},
+        },
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    last_retry = max(i for i, e in enumerate(events) if e["type"] == "message_retry")
+    assert events[last_retry]["attempt"] == 5
+    tail = [e for e in events[last_retry:] if e["type"] in ("message_start", "message_end")]
+    assert [e["type"] for e in tail] == ["message_start", "message_end"]
+    streamed = "".join(
+        e["assistantMessageEvent"].get("delta", "")
+        for e in events[last_retry:]
+        if e["type"] == "message_update"
+    )
+    ended = tail[-1]["message"]
+    assert (
+        ended["stopReason"] == "error"
+        and streamed
+        and ended["content"] == [{"type": "text", "text": streamed}]
+    )
+    assert "stream broke off mid-answer" in ended["errorMessage"]
+    assert ended["timestamp"] == tail[0]["message"]["timestamp"]
+    assert (await handle.result()).messages[-1].text == streamed
+
+
 @pytest.mark.parametrize(
     "fault",
     [

@@ -115,7 +115,9 @@ class ActivityCalls:
         except ActivityError as err:
             if session.abort_requested:
                 return self._aborted_answer()
-            return ModelAnswer(self._assistant_message("error", failure_text(err)))
+            # What had streamed stays, as in pi (the provider's partial output
+            # ends with stopReason "error"): one message_start, one message_end.
+            return self._ended_answer(self._stream.streamed_message(), "error", failure_text(err))
         finally:
             self._llm = None
             self._stream.model_call_ended(aborted=session.abort_requested)
@@ -174,17 +176,22 @@ class ActivityCalls:
         raise AssertionError("unreachable")
 
     def _aborted_answer(self) -> ModelAnswer:
-        """The aborted message: what the model had streamed to subscribers
-        (its tool calls dropped: they would be left without results)."""
+        """The aborted message: what the model had streamed to subscribers."""
         streamed = self._stream.streamed_message() if self._instant_abort else None
+        return self._ended_answer(streamed, "aborted", "Request was aborted")
+
+    def _ended_answer(self, streamed: AssistantMessage | None, stop_reason: str, error: str) -> ModelAnswer:
+        """A model call ended without its answer: the message that had
+        streamed (its tool calls dropped: they would be left without
+        results), else a new one."""
         if streamed is None:
-            return ModelAnswer(self._assistant_message("aborted", "Request was aborted"))
+            return ModelAnswer(self._assistant_message(stop_reason, error))
         message = streamed.model_copy(
             update={
                 "content": [c for c in streamed.content if not isinstance(c, ToolCall)],
                 "model": streamed.model or self._session.settings.model or "",
-                "stop_reason": "aborted",
-                "error_message": "Request was aborted",
+                "stop_reason": stop_reason,
+                "error_message": error,
                 # Stamped once, when the request was made (as pi's): the
                 # message_start subscribers saw and the end are one message.
                 "timestamp": streamed.timestamp or self._now_ms(),

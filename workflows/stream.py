@@ -233,9 +233,7 @@ def partial_message(events: list[dict[str, Any]]) -> AssistantMessage | None:
             started = event.get("message")
             if isinstance(started, dict) and started.get("role") == "assistant":
                 message, blocks = dict(started), {}
-        elif kind == "message_retry":
-            blocks = {}
-        elif kind == "message_end":
+        elif kind in ("message_retry", "message_end"):  # a retry drops the partial message
             message = None
         elif kind == "message_update" and message is not None:
             update = event.get("assistantMessageEvent")
