@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import uuid
 from typing import Any
 
@@ -274,6 +275,21 @@ async def test_two_thousand_one_hundred_tool_calls_all_get_results(stack: Stack)
     assert [m.tool_call_id for m in results] == [f"c{i}" for i in range(2100)]
     assert results[2099].content[0].text == "2099+1 = 2100" and not results[2099].is_error
     assert result.messages[-1].text == "all done"
+
+
+async def test_megabytes_of_tool_arguments_in_one_answer_are_scheduled_in_parts(stack: Stack) -> None:
+    """40 calls of 150 KiB of arguments each: scheduled at once they made a
+    workflow task completion past gRPC's 4 MB, and the server terminated the
+    conversation; now at most ~1 MB of arguments is in flight at a time."""
+    calls = [call(f"b{i}", "echo", text=base64.b64encode(os.urandom(150 * 768)).decode()) for i in range(40)]
+    stack.script(
+        {"tool_calls": calls, "chunk_chars": 64 * 1024}, {"text": "all echoed"}, {"text": "all echoed"}
+    )
+    handle = await stack.start(prompt="big", closeWhenIdle=True)
+    result = await asyncio.wait_for(handle.result(), 240)
+    results = [m for m in result.messages if m.role == "toolResult"]
+    assert [m.tool_call_id for m in results] == [f"b{i}" for i in range(40)]
+    assert not any(m.is_error for m in results) and result.messages[-1].text == "all echoed"
 
 
 async def test_long_tool_call_ids_run(stack: Stack) -> None:

@@ -47,6 +47,14 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=3)
 # worker runs 200 activities at a time by default, so more would only wait
 # on the server).
 MAX_TOOL_ACTIVITIES_AT_ONCE = 200
+# A workflow task's completion travels in one gRPC message (4 MB at most):
+# the arguments of the tool activities running at once are kept under this
+# (a call past it alone still runs), so one answer with megabytes of tool
+# arguments is scheduled over several workflow tasks instead of getting the
+# conversation terminated (GrpcMessageTooLarge). Before this patch they were
+# all scheduled at once.
+MAX_TOOL_ARGUMENT_BYTES_AT_ONCE = 1_000_000
+TOOL_ARGUMENT_BYTES_PATCH = "tool-argument-bytes"
 # Activity ids above ~1,000 bytes are refused; long tool-call ids are cut
 # and made unique by a digest.
 MAX_ID_CHARS = 200
@@ -76,6 +84,7 @@ class ActivityCalls:
         self._tools: dict[str, workflow.ActivityHandle[ToolOutcome]] = {}
         self._activity_ids: set[str] = set()
         self._wave = asyncio.Semaphore(MAX_TOOL_ACTIVITIES_AT_ONCE)
+        self._argument_bytes = 0  # of the tool activities running
         self._instant_abort = False
         self.on_change: Callable[[], None] = lambda: None
 
@@ -218,7 +227,26 @@ class ActivityCalls:
         async with self._wave:
             if self._session.abort_requested:
                 return error_outcome(ABORTED_TEXT)
-            return await self._run_tool(prepared, activity_id, key)
+            size = self._size_of_arguments(prepared)
+            if not self._fits(size):
+                await workflow.wait_condition(lambda: self._fits(size) or self._session.abort_requested)
+                if self._session.abort_requested:
+                    return error_outcome(ABORTED_TEXT)
+            self._argument_bytes += size
+            try:
+                return await self._run_tool(prepared, activity_id, key)
+            finally:
+                self._argument_bytes -= size
+
+    def _size_of_arguments(self, prepared: PreparedToolCall) -> int:
+        """What the call's arguments add to the workflow task that schedules
+        it (a local activity's are not sent: 0)."""
+        if prepared.tool.local or not self._versions.has(TOOL_ARGUMENT_BYTES_PATCH):
+            return 0
+        return len(json.dumps(prepared.args, default=str))
+
+    def _fits(self, size: int) -> bool:
+        return self._argument_bytes == 0 or self._argument_bytes + size <= MAX_TOOL_ARGUMENT_BYTES_AT_ONCE
 
     async def _run_tool(self, prepared: PreparedToolCall, activity_id: str, key: str) -> ToolOutcome:
         call, tool = prepared.call, prepared.tool
