@@ -548,6 +548,16 @@ class PollInterval:
         return wait
 
 
+def _event_of(converter: Any, data: str) -> dict[str, Any] | None:
+    """A stream item's event; None for an item that is no event (anyone who
+    may signal a conversation can publish on its stream): readers skip it."""
+    try:
+        event = converter.from_payload(item_payload(data))
+    except Exception:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
+
+
 async def follow(
     client: Client, workflow_id: str, from_offset: int = 0, *, cooldown_ms: int = 200
 ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
@@ -636,11 +646,8 @@ class _EventReader:
                 result = await self._read()
                 if result is None:
                     continue  # the read was answered otherwise (continue-as-new, truncation, end)
-                batch = [
-                    (item.offset, self._converter.from_payload(item_payload(item.data)))
-                    for item in result.items
-                    if item.offset >= self.offset
-                ]
+                decoded = ((item.offset, _event_of(self._converter, item.data)) for item in result.items)
+                batch = [(offset, event) for offset, event in decoded if offset >= self.offset and event]
                 self.offset = max(self.offset, result.next_offset)
                 queried = self._by_query and self._ended is None  # else a long poll answered
                 run_ended = any(event.get("type") == "agent_end" for _, event in batch)

@@ -87,10 +87,20 @@ class EventRenderer:
         self._answered = False  # the run has an answer: user messages now are steering
 
     def render(self, event: dict[str, Any]) -> None:
-        """Print one event; types this renderer does not know are ignored."""
+        """Print one event; types this renderer does not know are ignored,
+        and one of a known type but another shape (anyone who may signal a
+        conversation can publish on its stream) gets a dim note instead of
+        ending the chat."""
+        if not isinstance(event, dict):
+            return
         handler = getattr(self, f"_on_{event.get('type')}", None)
-        if handler is not None:
+        if handler is None:
+            return
+        try:
             handler(_safe(event))
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError):
+            self.end_line()
+            self._console.print(f"[dim](a {event.get('type')} event this chat cannot show)[/dim]")
 
     def render_transcript(self, messages: list[dict[str, Any]]) -> None:
         """Print stored messages, as the live events would have shown them."""

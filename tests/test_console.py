@@ -96,6 +96,21 @@ def test_renderer_prints_streamed_text_exactly_once() -> None:
     assert render(events) == "» hi\nHello world\n· 1 turn · 12 tokens\n"
 
 
+def test_renderer_notes_an_event_of_another_shape_and_goes_on() -> None:
+    """Anyone who may signal a conversation can publish on its stream: an
+    event of a known type but another shape must not end the chat."""
+    final = assistant({"type": "text", "text": "still fine"})
+    forged = [
+        "not an event",
+        {"type": "message_start", "message": "not a message"},
+        {"type": "message_end", "message": {"role": "assistant", "content": 5}},
+        {"type": "agent_end", "messages": "x"},
+    ]
+    out = render([*forged, *streamed_run(delta("text_delta", "still fine"), final=final)])
+    assert out.count("event this chat cannot show") == 3
+    assert out.endswith("» hi\nstill fine\n· 1 turn · 12 tokens\n")
+
+
 def test_renderer_dims_thinking() -> None:
     final = assistant({"type": "thinking", "thinking": "pondering"}, {"type": "text", "text": "answer"})
     events = streamed_run(

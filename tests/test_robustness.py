@@ -20,7 +20,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
-from client import start_conversation
+from client import follow, start_conversation
 from tests.support.stack import EventLog, Stack
 from workflows.contract import SessionState
 
@@ -485,5 +485,16 @@ async def test_forged_events_while_the_model_streams_break_neither_state_nor_abo
     await handle.execute_update("wait_for_idle")
     messages = await handle.query("messages", result_type=list)
     assert messages[-1]["stopReason"] == "aborted"
+    # Readers skip items that are no event; the forged events of an event's shape reach them as sent.
+    unknown = Payload(metadata={"encoding": b"binary/unknown"}, data=b"?")
+    strange = [_event_item("not an event"), _item(base64.b64encode(unknown.SerializeToString()).decode())]
+    for sequence, item in enumerate(strange, start=3):
+        await handle.signal(PUBLISH, {"items": [item], "publisher_id": "g", "sequence": sequence})
     await still_answers(stack, handle)
     await handle.signal("close")
+    read = [event async for _, event in follow(stack.client, handle.id)]
+    assert read[-1]["type"] == "agent_end"
+    assert all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in read)
+    assert sum(e.get("message") == "not a message" for e in read) == 1
+    offsets = [offset async for offset, _ in follow(stack.client, handle.id)]
+    assert len(offsets) == len(read) and offsets != list(range(offsets[0], offsets[0] + len(offsets)))
