@@ -358,6 +358,19 @@ async def unknown_start_key(
     return handle
 
 
+async def big_tool_arguments(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """One answer with ~1.2 MB of tool arguments (compressible, so the
+    history stays small): scheduled ~1 MB at a time (before the
+    tool-argument-bytes patch, all at once)."""
+    calls = [call(f"b{i}", "echo", text=f"{i}" + "x" * 120 * 1024) for i in range(10)]
+    server.script(model, [{"tool_calls": calls, "chunk_chars": 64 * 1024}, {"text": "all echoed"}])
+    handle = await start(client, model, prompt="big", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -375,6 +388,7 @@ SCENARIOS: dict[str, Scenario] = {
     "stop_at_start": stop_at_start,
     "continue_after_app": continue_after_app,
     "unknown_start_key": unknown_start_key,
+    "big_tool_arguments": big_tool_arguments,
 }
 
 

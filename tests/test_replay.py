@@ -59,6 +59,7 @@ def test_there_are_recorded_histories() -> None:
         "stop_at_start",  # stop_after_turn sent with the start
         "continue_after_app",  # a follow-up while idle after an application message
         "unknown_start_key",  # a misspelt start input key
+        "big_tool_arguments",  # ~1.2 MB of tool arguments in one answer
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
@@ -69,6 +70,7 @@ def test_there_are_recorded_histories() -> None:
         "stop_at_start",
         "continue_after_app",
         "unknown_start_key",
+        "big_tool_arguments",
     } <= {_stem(p) for p in V4}
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
@@ -77,14 +79,17 @@ def test_there_are_recorded_histories() -> None:
         "stop_at_start",
         "continue_after_app",
         "unknown_start_key",
+        "big_tool_arguments",
     } <= {_stem(p) for p in V5}
     # Every scenario, recorded before the abort-before-run-start,
     # continue-after-app-message and strict-start-input patches too
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
-    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V6}
-    # Every scenario, recorded before the closed-when-idle patch too (its
-    # old path: completed by closeWhenIdle, the status left `idle`).
+    assert {_stem(p) for p in CURRENT} - {"big_tool_arguments"} <= {_stem(p) for p in V6}
+    # Every scenario, recorded before the closed-when-idle and
+    # tool-argument-bytes patches too (their old paths: completed by
+    # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
+    # once, whatever their arguments' size).
     assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V7}
 
 
