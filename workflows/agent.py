@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         AssistantMessage,
         ToolApprovalRequestEvent,
         ToolCall,
+        TurnEndEvent,
         WaitingCall,
         WireModel,
     )
@@ -495,10 +496,9 @@ class AgentWorkflow:
     def _emit(self, event: WireModel) -> None:
         self._session.observe(event)
         self._stream.publish(event)
-        kind = getattr(event, "type", None)
-        if kind == "agent_end":
+        if getattr(event, "type", None) == "agent_end":
             self._update_details()
-        elif kind == "turn_end" and event.model_turn:
+        elif isinstance(event, TurnEndEvent) and event.model_turn:
             workflow.metric_meter().create_counter("agent_turns", "Model turns (calls) of runs").add(
                 1, {"model": self._session.settings.model or ""}
             )
