@@ -278,18 +278,30 @@ async def test_two_thousand_one_hundred_tool_calls_all_get_results(stack: Stack)
 
 
 async def test_megabytes_of_tool_arguments_in_one_answer_are_scheduled_in_parts(stack: Stack) -> None:
-    """40 calls of 150 KiB of arguments each: scheduled at once they made a
-    workflow task completion past gRPC's 4 MB, and the server terminated the
-    conversation; now at most ~1 MB of arguments is in flight at a time."""
-    calls = [call(f"b{i}", "echo", text=base64.b64encode(os.urandom(150 * 768)).decode()) for i in range(40)]
+    """60 calls of 150 KiB of (incompressible) arguments each, ~9 MB:
+    scheduled at once they made a workflow task completion past gRPC's 4 MB,
+    and the server terminated the conversation. Now at most ~1 MB of
+    arguments is in flight, and the continue-as-new that follows carries at
+    most 4 MB of the event stream (else the next run's input was too large
+    to read)."""
+    calls = [call(f"b{i}", "echo", text=base64.b64encode(os.urandom(150 * 768)).decode()) for i in range(60)]
     stack.script(
         {"tool_calls": calls, "chunk_chars": 64 * 1024}, {"text": "all echoed"}, {"text": "all echoed"}
     )
     handle = await stack.start(prompt="big", closeWhenIdle=True)
     result = await asyncio.wait_for(handle.result(), 240)
     results = [m for m in result.messages if m.role == "toolResult"]
-    assert [m.tool_call_id for m in results] == [f"b{i}" for i in range(40)]
+    assert [m.tool_call_id for m in results] == [f"b{i}" for i in range(60)]
     assert not any(m.is_error for m in results) and result.messages[-1].text == "all echoed"
+    first_run = stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+    scheduled: dict[int, int] = {}  # workflow task -> bytes of tool input it scheduled
+    for event in (await first_run.fetch_history()).events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attributes = event.activity_task_scheduled_event_attributes
+            if attributes.activity_type.name == "execute_tool":
+                task = attributes.workflow_task_completed_event_id
+                scheduled[task] = scheduled.get(task, 0) + attributes.input.ByteSize()
+    assert len(scheduled) > 5 and max(scheduled.values()) < 1_300_000, scheduled
 
 
 async def test_long_tool_call_ids_run(stack: Stack) -> None:

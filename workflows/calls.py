@@ -228,7 +228,10 @@ class ActivityCalls:
             if self._session.abort_requested:
                 return error_outcome(ABORTED_TEXT)
             size = self._size_of_arguments(prepared)
-            if not self._fits(size):
+            # Asked again on waking: every call waiting wakes in the same
+            # activation once bytes are freed, and each must still fit after
+            # those before it took theirs.
+            while not self._fits(size):
                 await workflow.wait_condition(lambda: self._fits(size) or self._session.abort_requested)
                 if self._session.abort_requested:
                     return error_outcome(ABORTED_TEXT)

@@ -18,6 +18,7 @@ plain short timer.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
@@ -54,6 +55,8 @@ TRUNCATED_ERROR = "TruncatedOffset"
 SUBSCRIBER_GRACE = timedelta(seconds=1)
 # Without subscriber tracking: two poll cooldowns.
 UNTRACKED_GRACE = timedelta(milliseconds=200)
+# The most of the event stream (its items as sent, base64) a continue-as-new carries.
+STREAM_BYTES_CARRIED = 4 * 1024 * 1024
 
 
 class EventStream:
@@ -204,9 +207,22 @@ class EventStream:
         self._stream.detach_pollers()
 
     def state_for_carry(self, keep: int) -> WorkflowStreamState:
-        """The stream's state, keeping the last ``keep`` events."""
+        """The stream's state, keeping the last ``keep`` events, and of
+        those only the newest ``STREAM_BYTES_CARRIED`` (the last one always):
+        events of tool calls with megabytes of arguments would otherwise make
+        the next run's input too large to read (subscribers behind read on
+        from the oldest kept)."""
         self._stream.truncate(max(0, self.offset() - keep))
-        return self._stream.get_state()
+        state = self._stream.get_state()
+        start, carried = len(state.log), 0
+        while start > 0 and (
+            start == len(state.log) or carried + len(state.log[start - 1].data) <= STREAM_BYTES_CARRIED
+        ):
+            start -= 1
+            carried += len(state.log[start].data)
+        if start == 0:
+            return state
+        return dataclasses.replace(state, log=state.log[start:], base_offset=state.base_offset + start)
 
     def all_read(self) -> bool:
         return not self.polled or self.delivered >= self.offset()
