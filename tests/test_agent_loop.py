@@ -5,6 +5,7 @@ The conformance tests in test_loop.py prove the same on the real wiring."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -300,6 +301,14 @@ async def test_a_failing_should_stop_hook_ends_the_run_with_an_error() -> None:
     last_turn_end = [e for e in fake.events if e["type"] == "turn_end"][-1]
     assert last_turn_end["message"]["stopReason"] == "error" and last_turn_end["toolResults"] == []
     assert "modelTurn" not in last_turn_end
+
+    # A run recorded before (stream-events-as-pi not in force) replays as it
+    # ran, without that turn_end: the stream keeps the offsets its readers hold.
+    before = agent(say("hi"))
+    before.hooks = Broken()
+    context = before.context()
+    await run_agent_loop([user("go")], context, replace(before.config(), failure_turn_end=lambda: False))
+    assert before.outline()[-3:] == ["message_start:assistant", "message_end:assistant:error", "agent_end"]
 
 
 async def test_approval_is_asked_in_the_batch_and_a_rejection_is_an_error_result() -> None:

@@ -19,7 +19,7 @@ from activities.events import ActivityEventPublisher
 from client import PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.models import AgentStartEvent, MessageUpdateEvent
-from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE
+from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_message
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -435,3 +435,23 @@ async def test_a_delta_published_as_json_is_the_event_the_model_would_give(
     assert raw.tail == typed.tail
     assert len(raw.tail) == 3  # the two text deltas merged
     assert deltas[1]["delta"] == "Hel"  # the caller's dict is not merged into
+
+
+def test_a_retry_drops_the_partial_message_unless_replaying_from_before() -> None:
+    """After ``message_retry`` nothing streams until the next attempt's
+    ``message_start`` (its subscribers dropped the partial); a run recorded
+    before the stream-events-as-pi patch kept the message, emptied."""
+    start = {"role": "assistant", "content": [], "stopReason": "stop", "timestamp": 5}
+    events = [
+        {"type": "message_start", "message": start},
+        {"type": "message_update", "assistantMessageEvent": {"type": "text_start", "contentIndex": 0}},
+        {
+            "type": "message_update",
+            "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": "pa"},
+        },
+        {"type": "message_retry", "attempt": 2},
+    ]
+    assert partial_message(events[:3]) is not None and partial_message(events[:3]).text == "pa"
+    assert partial_message(events) is None
+    kept = partial_message(events, retry_drops=False)
+    assert kept is not None and kept.content == [] and kept.timestamp == 5

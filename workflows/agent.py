@@ -124,6 +124,12 @@ CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
 # AgentStatus upserted, the `state` query's status), as one ended by
 # `close`; before this patch it stayed `idle`.
 CLOSED_WHEN_IDLE_PATCH = "closed-when-idle"
+# Events as pi emits them, where the count changed (so that an execution
+# replayed from before keeps the offsets its subscribers hold): a run ended
+# by a failing hook has its failure message's turn_end; a model call whose
+# last attempt broke off mid-answer ends the message it streamed; a retry
+# drops the partial message (an abort then has a message_start of its own).
+STREAM_AS_PI_PATCH = "stream-events-as-pi"
 
 
 def _keys(model: type[SessionSettings]) -> frozenset[str]:
@@ -390,6 +396,7 @@ class AgentWorkflow:
             request_approval=self._request_approval,
             at_turn_boundary=self._at_turn_boundary,
             total_turns=lambda: session.turns.total,
+            failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
         )
 
     def _prepare_arguments(self, call: ToolCall) -> dict[str, Any]:

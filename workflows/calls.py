@@ -68,6 +68,7 @@ RECORDED_TOOLS_PATCH = "recorded-tool-declarations"
 # running), so no tool goes on after its result says "aborted".
 WAIT_CANCEL_PATCH = "wait-for-cancelled-tools"
 INSTANT_ABORT_PATCH = "instant-abort"
+STREAM_AS_PI_PATCH = "stream-events-as-pi"  # see workflows/agent.py
 
 
 class ActivityCalls:
@@ -126,7 +127,8 @@ class ActivityCalls:
                 return self._aborted_answer()
             # What had streamed stays, as in pi (the provider's partial output
             # ends with stopReason "error"): one message_start, one message_end.
-            return self._ended_answer(self._stream.streamed_message(), "error", failure_text(err))
+            streamed = self._stream.streamed_message() if self._versions.has(STREAM_AS_PI_PATCH) else None
+            return self._ended_answer(streamed, "error", failure_text(err))
         finally:
             self._llm = None
             self._stream.model_call_ended(aborted=session.abort_requested)
@@ -186,7 +188,11 @@ class ActivityCalls:
 
     def _aborted_answer(self) -> ModelAnswer:
         """The aborted message: what the model had streamed to subscribers."""
-        streamed = self._stream.streamed_message() if self._instant_abort else None
+        streamed = (
+            self._stream.streamed_message(retry_drops=self._versions.has(STREAM_AS_PI_PATCH))
+            if self._instant_abort
+            else None
+        )
         return self._ended_answer(streamed, "aborted", "Request was aborted")
 
     def _ended_answer(self, streamed: AssistantMessage | None, stop_reason: str, error: str) -> ModelAnswer:

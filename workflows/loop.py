@@ -133,6 +133,9 @@ class LoopConfig:
     at_turn_boundary: Callable[[], Awaitable[None]] | None = None
     """Awaited after each turn that goes on (the shell may continue as new here)."""
     total_turns: Callable[[], int] = lambda: 0
+    failure_turn_end: Callable[[], bool] = lambda: True
+    """A run ended by a failing hook emits its failure message's ``turn_end``
+    (pi's ``handleRunFailure``); False replays a run recorded before it did."""
 
 
 # --- a run ------------------------------------------------------------------------
@@ -249,7 +252,8 @@ def _fail_run(context: AgentContext, config: LoopConfig, text: str) -> None:
     ``agent_end``. No model was called: it counts as no turn."""
     message = _assistant_message(config, "error", text)
     _add_message(context, config, message)
-    config.emit(TurnEndEvent(message=message, tool_results=[], model_turn=False))
+    if config.failure_turn_end():
+        config.emit(TurnEndEvent(message=message, tool_results=[], model_turn=False))
     _end_run(context, config)
 
 

@@ -194,11 +194,13 @@ class EventStream:
         self.model_call_offset = None
         self._model_publishers = set()
 
-    def streamed_message(self) -> AssistantMessage | None:
-        """The assistant message the model call in progress has published so far."""
+    def streamed_message(self, *, retry_drops: bool = True) -> AssistantMessage | None:
+        """The assistant message the model call in progress has published so
+        far (``retry_drops=False``: a retry keeps the message of the attempt
+        before, emptied, as before the stream-events-as-pi patch)."""
         if self.model_call_offset is None:
             return None
-        return partial_message(self.events_since(self.model_call_offset))
+        return partial_message(self.events_since(self.model_call_offset), retry_drops=retry_drops)
 
     def detach_pollers(self) -> None:
         """Release waiting subscribers and refuse new polls (before
@@ -233,7 +235,7 @@ def item_payload(data: str) -> Payload:
     return Payload.FromString(base64.b64decode(data))
 
 
-def partial_message(events: list[dict[str, Any]]) -> AssistantMessage | None:
+def partial_message(events: list[dict[str, Any]], *, retry_drops: bool = True) -> AssistantMessage | None:
     """The assistant message being streamed, rebuilt from its deltas: the
     last assistant ``message_start`` and the updates after it (a retry
     starts the message over). None when no message is streaming."""
@@ -249,6 +251,8 @@ def partial_message(events: list[dict[str, Any]]) -> AssistantMessage | None:
             started = event.get("message")
             if isinstance(started, dict) and started.get("role") == "assistant":
                 message, blocks = dict(started), {}
+        elif kind == "message_retry" and not retry_drops:
+            blocks = {}
         elif kind in ("message_retry", "message_end"):  # a retry drops the partial message
             message = None
         elif kind == "message_update" and message is not None:
