@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -223,13 +224,14 @@ class Conversation:
         Runs never overlap, so the first ``agent_end`` from its offset is its own."""
         async for offset, event in self.events(started.event_offset):
             yield offset, event
-            if event.get("type") == "agent_end":
+            if event.get("type") == "agent_end" and isinstance(event.get("messages"), list):
                 return
 
     async def _run_messages(self, started: PromptResult) -> list[AgentMessage]:
         async for _, event in self.run_events(started):
             if event.get("type") == "agent_end":
-                return MessageList.validate_python(event["messages"])
+                with contextlib.suppress(ValidationError):  # else not the workflow's: read on
+                    return MessageList.validate_python(event["messages"])
         return []
 
     async def steer(self, message: Message) -> None:

@@ -24,6 +24,7 @@ from typing import Any, TextIO, cast
 from prompt_toolkit import PromptSession
 from prompt_toolkit.formatted_text import ANSI, AnyFormattedText, FormattedText, merge_formatted_text
 from prompt_toolkit.patch_stdout import patch_stdout
+from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 from temporalio.client import Client
@@ -182,7 +183,11 @@ class ChatSession:
         self._renderer.render(event)
         kind = event.get("type")
         if kind == "tool_approval_request":
-            self._approvals[event["toolCallId"]] = PendingApproval.model_validate(event)
+            try:
+                approval = PendingApproval.model_validate(event)
+            except ValidationError:  # not as the workflow publishes it (the renderer noted it)
+                return
+            self._approvals[approval.tool_call_id] = approval
             first = len(self._approvals) == 1
             self._say("  y approves, n [reason] rejects" + ("" if first else " (after the ones before it)"))
         elif kind == "tool_execution_end":

@@ -26,6 +26,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
 from client import Conversation
 from console.above_prompt import AbovePromptWriter
+from console.chat import ChatSession
 from console.render import EventRenderer
 from testbed.local_stack import DevServer
 from tests.support.stack import EventLog, Stack
@@ -109,6 +110,18 @@ def test_renderer_notes_an_event_of_another_shape_and_goes_on() -> None:
     out = render([*forged, *streamed_run(delta("text_delta", "still fine"), final=final)])
     assert out.count("event this chat cannot show") == 3
     assert out.endswith("» hi\nstill fine\n· 1 turn · 12 tokens\n")
+
+
+def test_the_chat_passes_over_an_approval_request_of_another_shape(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    chat = ChatSession(None)  # type: ignore[arg-type]  # no conversation is reached
+    chat._renderer = EventRenderer(Console(file=io.StringIO()))
+    chat._observe({"type": "tool_approval_request"})
+    chat._observe(
+        {"type": "tool_approval_request", "toolCallId": "c1", "toolName": "x", "args": {}, "reason": "r"}
+    )
+    assert list(chat._approvals) == ["c1"]
 
 
 def test_renderer_dims_thinking() -> None:
