@@ -230,7 +230,7 @@ class Conversation:
     async def _run_messages(self, started: PromptResult) -> list[AgentMessage]:
         async for _, event in self.run_events(started):
             if event.get("type") == "agent_end":
-                with contextlib.suppress(ValidationError):  # else not the workflow's: read on
+                with contextlib.suppress(ValidationError):  # else not the workflow's (forged): none
                     return MessageList.validate_python(event["messages"])
         return []
 

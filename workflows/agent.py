@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.arguments import MAX_NESTING, nesting_depth
     from workflows.bindings import WorkflowBindings
-    from workflows.calls import RECORDED_TOOLS_PATCH, SIGNAL_LIMIT, ActivityCalls
+    from workflows.calls import RECORDED_TOOLS_PATCH, SIGNAL_LIMIT, STREAM_AS_PI_PATCH, ActivityCalls
     from workflows.contract import (
         AgentSettings,
         ApprovalRequest,
@@ -124,12 +124,6 @@ CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
 # AgentStatus upserted, the `state` query's status), as one ended by
 # `close`; before this patch it stayed `idle`.
 CLOSED_WHEN_IDLE_PATCH = "closed-when-idle"
-# Events as pi emits them, where the count changed (so that an execution
-# replayed from before keeps the offsets its subscribers hold): a run ended
-# by a failing hook has its failure message's turn_end; a model call whose
-# last attempt broke off mid-answer ends the message it streamed; a retry
-# drops the partial message (an abort then has a message_start of its own).
-STREAM_AS_PI_PATCH = "stream-events-as-pi"
 
 
 def _keys(model: type[SessionSettings]) -> frozenset[str]:

@@ -68,7 +68,12 @@ RECORDED_TOOLS_PATCH = "recorded-tool-declarations"
 # running), so no tool goes on after its result says "aborted".
 WAIT_CANCEL_PATCH = "wait-for-cancelled-tools"
 INSTANT_ABORT_PATCH = "instant-abort"
-STREAM_AS_PI_PATCH = "stream-events-as-pi"  # see workflows/agent.py
+# Events as pi emits them, where the count changed (so that an execution
+# replayed from before keeps the offsets its subscribers hold): a run ended
+# by a failing hook has its failure message's turn_end; a model call whose
+# last attempt broke off mid-answer ends the message it streamed; a retry
+# drops the partial message (an abort then has a message_start of its own).
+STREAM_AS_PI_PATCH = "stream-events-as-pi"
 
 
 class ActivityCalls:

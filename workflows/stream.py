@@ -216,13 +216,12 @@ class EventStream:
         from the oldest kept)."""
         self._stream.truncate(max(0, self.offset() - keep))
         state = self._stream.get_state()
-        start, carried = len(state.log), 0
-        while start > 0 and (
-            start == len(state.log) or carried + len(state.log[start - 1].data) <= STREAM_BYTES_CARRIED
-        ):
+        start = len(state.log) - 1  # the last event, whatever its size
+        carried = len(state.log[start].data) if state.log else 0
+        while start > 0 and carried + len(state.log[start - 1].data) <= STREAM_BYTES_CARRIED:
             start -= 1
             carried += len(state.log[start].data)
-        if start == 0:
+        if start <= 0:
             return state
         return dataclasses.replace(state, log=state.log[start:], base_offset=state.base_offset + start)
 

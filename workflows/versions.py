@@ -27,17 +27,14 @@ _FIRST = frozenset(
     }
 )
 
+_B = _FIRST | {"search-attributes-by-time"}
+_C = _B | {"hold-switch-for-idle-waiters"}
+_D = _C | {"abort-before-run-start", "strict-start-input", "continue-after-app-message"}
+
 PREVIOUS: dict[str, frozenset[str]] = {
-    "agent-2026-12-d": _FIRST
-    | {
-        "search-attributes-by-time",
-        "hold-switch-for-idle-waiters",
-        "abort-before-run-start",
-        "strict-start-input",
-        "continue-after-app-message",
-    },
-    "agent-2026-12-c": _FIRST | {"search-attributes-by-time", "hold-switch-for-idle-waiters"},
-    "agent-2026-12-b": _FIRST | {"search-attributes-by-time"},
+    "agent-2026-12-d": _D,
+    "agent-2026-12-c": _C,
+    "agent-2026-12-b": _B,
     "agent-2026-12": _FIRST,
 }
 """Earlier values of ``CURRENT``, each with the patches it stood for: a run
