@@ -23,8 +23,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowHistory,
     WorkflowQueryFailedError,
@@ -98,6 +99,15 @@ class Refused(Exception):
 
 class ConversationNotFound(Refused):
     """No conversation has this id, or it has ended."""
+
+
+# How ``ConversationNotFound`` says a conversation ended other than by completing.
+_ENDINGS = {
+    WorkflowExecutionStatus.TERMINATED: "was terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "timed out (its execution timeout)",
+    WorkflowExecutionStatus.CANCELED: "was cancelled",
+}
+_ENDING_TIMEOUT = timedelta(seconds=5)
 
 
 class ConversationExists(Refused):
@@ -210,12 +220,12 @@ class Conversation:
     async def send_prompt(self, message: Message | list[Message]) -> PromptResult:
         """Start a run and return once it is accepted: its number and the
         event offset its events start at (``run_events``)."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.execute_update("prompt", _wire(message), result_type=PromptResult)
 
     async def send_continue(self) -> PromptResult:
         """``continue_`` without waiting: the run's number and event offset."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.execute_update("continue", result_type=PromptResult)
 
     async def run_events(self, started: PromptResult) -> AsyncIterator[tuple[int, dict[str, Any]]]:
@@ -237,34 +247,34 @@ class Conversation:
     async def steer(self, message: Message) -> None:
         """Inject a message after the current tool batch, before the next model
         call (starts a run when the conversation is idle)."""
-        with self._refusals():
+        async with self._refusals():
             await self.handle.signal("steer", _wire(message))
 
     async def follow_up(self, message: Message) -> None:
         """Queue a message for when the agent would otherwise stop (starts a
         run when the conversation is idle)."""
-        with self._refusals():
+        async with self._refusals():
             await self.handle.signal("follow_up", _wire(message))
 
     async def abort(self) -> None:
         """Abort the active run (the model call, running tools, approval waits)."""
-        with self._refusals():
+        async with self._refusals():
             await self.handle.signal("abort")
 
     async def stop_after_turn(self) -> None:
         """End the active run at the next turn boundary."""
-        with self._refusals():
+        async with self._refusals():
             await self.handle.signal("stop_after_turn")
 
     async def close(self) -> None:
         """End the conversation (an active run is aborted first)."""
-        with self._refusals():
+        async with self._refusals():
             await self.handle.signal("close")
 
     async def wait_for_idle(self) -> WaitForIdleResult:
         """pi's ``waitForIdle()``: returns when no run is active (asked again
         when the conversation continued as new meanwhile)."""
-        with self._refusals():
+        async with self._refusals():
             while True:
                 try:
                     return await self.handle.execute_update("wait_for_idle", result_type=WaitForIdleResult)
@@ -278,7 +288,7 @@ class Conversation:
         """Decide a tool call that waits for approval (``state().pending_approvals``,
         or a ``tool_approval_request`` event); refused for an id that is not waiting."""
         request = ApprovalRequest(tool_call_id=tool_call_id, approved=approved, reason=reason)
-        with self._refusals():
+        async with self._refusals():
             await self.handle.execute_update("approve_tool", request.model_dump())
 
     async def reject(self, tool_call_id: str, reason: str | None = None) -> None:
@@ -293,30 +303,30 @@ class Conversation:
         ``follow_up_mode``, ``max_turns``, ...), applied from the next model
         call; returns the settings now in force."""
         patch = {_camel(k): v for k, v in settings.items()}
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.execute_update("configure", patch, result_type=AgentSettings)
 
     async def clear_queues(self, which: QueueName = "all") -> list[AgentMessage]:
         """pi's ``clearSteeringQueue`` / ``clearFollowUpQueue`` / ``clearAllQueues``
         (``"steering"``, ``"followUp"``, ``"all"``); returns the removed
         messages, oldest first, to hand back to an editor."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.execute_update("clear_queues", which, result_type=list[AgentMessage])
 
     async def reset(self) -> SessionState:
         """pi's ``reset()``: transcript, queues, usage, error and counters
         cleared; refused while a run is active."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.execute_update("reset", result_type=SessionState)
 
     async def state(self) -> SessionState:
         """Status, settings in force, queues, pending approvals, counters, usage."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.query("state", result_type=SessionState)
 
     async def messages(self) -> list[AgentMessage]:
         """The transcript."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.query("messages", result_type=list[AgentMessage])
 
     async def snapshot(self) -> tuple[SessionState, list[AgentMessage]]:
@@ -334,7 +344,7 @@ class Conversation:
 
     async def history(self) -> WorkflowHistory:
         """The workflow's Temporal history (what the server stores for it)."""
-        with self._refusals():
+        async with self._refusals():
             return await self.handle.fetch_history()
 
     async def fork(self, at: int, *, id: str | None = None, **options: Any) -> Conversation:
@@ -349,7 +359,7 @@ class Conversation:
         # offers the model a tool its original had switched off (a worker
         # lacking one of them refuses the fork's start, saying which).
         current = state.model_dump(include=set(AgentSettings.model_fields), by_alias=False)
-        with self._refusals():
+        async with self._refusals():
             task_queue = (await self.handle.describe()).task_queue
         return await Conversation._start(
             self.client,
@@ -367,12 +377,12 @@ class Conversation:
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
         conversation ends; see ``follow``."""
-        with self._refusals():
+        async with self._refusals():
             async for item in follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms):
                 yield item
 
-    @contextmanager
-    def _refusals(self) -> Iterator[None]:
+    @asynccontextmanager
+    async def _refusals(self) -> AsyncIterator[None]:
         """Turn the server's refusals into ``Refused`` with the sentence to show."""
         try:
             yield
@@ -384,12 +394,28 @@ class Conversation:
                 raise
             if "completed" in err.message:
                 raise ConversationNotFound(
-                    f"Conversation {self.id} has ended: start a new one, or fork this one "
-                    f"(python starter.py fork {self.id} --at N)."
+                    f"Conversation {self.id} {await self._how_it_ended()}: start a new one, or fork "
+                    f"this one (python starter.py fork {self.id} --at N)."
                 ) from err
             raise ConversationNotFound(
                 f"No conversation has the id {self.id}: check it, or start one (python starter.py start)."
             ) from err
+
+    async def _how_it_ended(self) -> str:
+        """``has ended``, or how it did when not by completing: a failed
+        conversation's reason is read here, through this client's converter
+        (with encryption on, the UI and the CLI show only "Encoded failure")."""
+        try:
+            status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
+            if status == WorkflowExecutionStatus.FAILED:
+                try:
+                    await self.handle.result(follow_runs=False, rpc_timeout=_ENDING_TIMEOUT)
+                except WorkflowFailureError as failed:
+                    reason = getattr(failed.cause, "message", None) or str(failed.cause)
+                    return f"failed ({reason.rstrip('.')})"
+        except Exception:  # the sentence without its detail
+            return "has ended"
+        return _ENDINGS.get(status, "has ended") if status is not None else "has ended"
 
 
 @dataclass(frozen=True)

@@ -401,3 +401,9 @@ async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
         await missing.state()
     with pytest.raises(ConversationNotFound, match=rf"^Conversation {ended.id} has ended: start a new one"):
         await ended.steer("anyone there?")
+    terminated = await stack.conversation()
+    await terminated.handle.terminate("operator")
+    with pytest.raises(
+        ConversationNotFound, match=rf"^Conversation {terminated.id} was terminated: start a new"
+    ):
+        await terminated.prompt("hello?")

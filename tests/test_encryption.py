@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from activities.blobs import BlobMissing, FileBlobStore, digest_of
 from activities.context_store import ContextStore, Manifest
+from client import Conversation, ConversationNotFound
 from runtime.connect import connect
 from runtime.encryption import ENCRYPTED, KEY_ID, Keyring
 from runtime.payloads import data_converter
@@ -374,3 +375,36 @@ async def test_the_starter_without_the_key_says_so_in_one_line(
         line.startswith("error: The conversation's answer could not be read here") and line.count("\n") == 1
     )
     assert "encrypted" in line, line
+
+
+async def test_a_failed_conversation_tells_its_reason_through_the_client(
+    client: Client,
+    dev_server: DevServer,
+    model_server: ScriptedModelServer,
+    encrypted_worker: EncryptedWorker,
+) -> None:
+    """With keys set, the server keeps a failure's message encrypted (the UI
+    and the CLI show "Encoded failure"): this project's client, which has
+    the keys, says why the conversation failed, and `state` says `closed`."""
+    encrypted_worker.start(f"a:{KEY_A}")
+    keyed = await encrypted_worker.client(dev_server, f"a:{KEY_A}")
+    handle = await keyed.start_workflow(
+        "AgentWorkflow",
+        {"prompt": "hi", "sytemPrompt": "Be brief."},
+        id=f"enc-bad-{uuid.uuid4().hex[:8]}",
+        task_queue=encrypted_worker.env["TEMPORAL_TASK_QUEUE"],
+    )
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(handle.result(), 30)
+    history = await client.get_workflow_handle(handle.id).fetch_history()
+    failure = history.events[-1].workflow_execution_failed_event_attributes.failure
+    assert failure.message == "Encoded failure"  # what the server (and the UI) hold
+
+    chat = Conversation.attach(keyed, handle.id)
+    with pytest.raises(ConversationNotFound) as ended:
+        await chat.steer("anyone there?")
+    assert str(ended.value).startswith(
+        f"Conversation {handle.id} failed (Unknown start input key(s) sytemPrompt"
+    ), ended.value
+    assert str(ended.value).endswith(f"(python starter.py fork {handle.id} --at N).")
+    assert (await chat.state()).status == "closed"

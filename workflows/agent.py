@@ -258,9 +258,12 @@ class AgentWorkflow:
         self._versions.start()
         if not self._bindings.track_subscribers:
             self._stream.tracking = False  # forced fallback: the linger is a plain timer
+        # A start input refused fails the conversation at once; a `state` query says `closed`.
         if self._input_error:
+            session.closing = True
             raise ApplicationError(self._input_error, type="InvalidInput", non_retryable=True)
         if self._strict_input_error and self._versions.has(STRICT_START_INPUT_PATCH):
+            session.closing = True
             raise ApplicationError(self._strict_input_error, type="InvalidInput", non_retryable=True)
         await self._record_worker_defaults()
         self._update_details()
