@@ -347,11 +347,12 @@ class StreamAssembler:
 
 def usage_from_openai(model: str, usage: dict[str, Any] | None) -> Usage:
     """pi's usage (with cost) from an OpenAI ``usage`` object."""
-    if not usage:
+    if not isinstance(usage, dict) or not usage:
         return Usage()
-    prompt = usage.get("prompt_tokens") or 0
-    output = usage.get("completion_tokens") or 0
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    prompt = _tokens(usage.get("prompt_tokens"))
+    output = _tokens(usage.get("completion_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = min(prompt, _tokens(details.get("cached_tokens") if isinstance(details, dict) else None))
     price_in, price_out, price_cached = _price(model)
     cost = Cost(
         input=(prompt - cached) * price_in / 1e6,
@@ -363,9 +364,24 @@ def usage_from_openai(model: str, usage: dict[str, Any] | None) -> Usage:
         input=prompt - cached,
         output=output,
         cache_read=cached,
-        total_tokens=usage.get("total_tokens") or prompt + output,
+        total_tokens=_tokens(usage.get("total_tokens")) or prompt + output,
         cost=cost,
     )
+
+
+# The most tokens one answer is taken to report (JavaScript's largest exact integer).
+MAX_TOKENS = 2**53 - 1
+
+
+def _tokens(value: Any) -> int:
+    """A token count as the server reported it, if it is one: a whole
+    number from 0 to MAX_TOKENS (anything else, e.g. a string, a negative or
+    a fraction, counts as 0; a larger one as MAX_TOKENS)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return min(value, MAX_TOKENS)
 
 
 def _price(model: str) -> tuple[float, float, float]:

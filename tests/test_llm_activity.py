@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.llm import LlmActivities
-from activities.openai_chat import StreamAssembler, to_openai_messages
+from activities.openai_chat import StreamAssembler, to_openai_messages, usage_from_openai
 from workflows.contract import LlmRequest
 from workflows.models import AssistantMessage, ThinkingContent, UserMessage
 
@@ -170,3 +170,25 @@ def test_two_calls_of_one_answer_with_one_id_get_ids_of_their_own() -> None:
     message, errors, _ = assembler.finish()
     assert [c.id for c in message.tool_calls] == ["same", "same_2", "same_3"]
     assert list(errors) == ["same_2"]
+
+
+def test_usage_takes_only_token_counts() -> None:
+    """What a model server reports is bounded: no negative, fractional or
+    textual count reaches the transcript, and no count past 2**53 - 1."""
+    usage = usage_from_openai(
+        "m",
+        {
+            "prompt_tokens": 2**70,
+            "completion_tokens": -5,
+            "total_tokens": "many",
+            "prompt_tokens_details": {"cached_tokens": 3.5},
+        },
+    )
+    assert (usage.input, usage.output, usage.cache_read) == (2**53 - 1, 0, 0)
+    assert usage.total_tokens == 2**53 - 1
+    assert usage_from_openai("m", {"prompt_tokens": 12.0, "completion_tokens": True}).input == 12
+    assert (
+        usage_from_openai("m", {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 99}}).input
+        == 0
+    )
+    assert usage_from_openai("m", ["not", "an", "object"]).total_tokens == 0  # type: ignore[arg-type]

@@ -88,6 +88,8 @@ async def test_signals_with_no_argument_or_two_are_dropped(stack: Stack) -> None
         ("reset", [1], "takes no argument"),
         ("wait_for_idle", [1, 2], "takes no argument"),
         ("approve_tool", [{"toolCallId": "nope", "approved": True}], "No tool call"),
+        ("configure", [raw_json('{"approvalTimeoutSeconds": 1e300}')], "approvalTimeoutSeconds"),
+        ("__temporal_workflow_stream_poll", [None], "A stream poll takes a PollInput object"),
     ],
 )
 async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
@@ -112,6 +114,7 @@ async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
         (['{"prompt": "hi", "sytemPrompt": "Be brief."}'], "Unknown start input key(s) sytemPrompt"),
         (['{"prompt": "hi", "maxTurns": true}'], "maxTurns"),
         (['{"prompt": "hi", "closeWhenIdle": 1}'], "closeWhenIdle"),
+        (['{"prompt": "hi", "approvalTimeoutSeconds": 1e300}'], "approvalTimeoutSeconds"),
     ],
 )
 async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(

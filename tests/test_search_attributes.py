@@ -126,3 +126,21 @@ async def test_a_slow_run_refreshes_its_counters_at_a_turn_boundary(stack: Stack
     assert set(upserts[1]) <= {"AgentTurns", "AgentTotalTokens", "AgentCost"}
     assert upserts[1]["AgentTotalTokens"] > 0
     assert upserts[2]["AgentTurns"] == 3
+
+
+async def test_usage_a_model_reports_past_any_count_does_not_wedge_the_conversation(stack: Stack) -> None:
+    """A server reporting int64-sized token counts (or nonsense) must not
+    make the search-attribute upsert fail every workflow task: the counts
+    are bounded (2**53 - 1) and what is no count reads 0."""
+    huge = 2**63 - 1
+    stack.script({"text": "big", "usage": {"prompt_tokens": huge, "completion_tokens": huge}})
+    handle = await stack.start(prompt="count")
+    await asyncio.wait_for(handle.execute_update("wait_for_idle"), 30)
+    values = await attributes(stack.client, handle.id)
+    assert values["AgentTotalTokens"] == 2**53 - 1 and values["AgentStatus"] == "idle"
+    stack.script({"text": "again"})
+    await handle.execute_update("prompt", "and again")
+    await asyncio.wait_for(handle.execute_update("wait_for_idle"), 30)
+    history = await handle.fetch_history()
+    assert not [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+    await handle.signal("close")

@@ -41,6 +41,10 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
 Temporal type), when the server it runs on has them registered."""
 
 
+# The longest duration Temporal takes (protobuf Duration): 10,000 years.
+MAX_APPROVAL_TIMEOUT_SECONDS = 315_576_000_000
+
+
 class AgentSettings(WireModel):
     """What ``configure`` may change at any time (pi's Agent setters)."""
 
@@ -55,7 +59,8 @@ class AgentSettings(WireModel):
     max_turns: int | None = Field(default=None, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost: float | None = Field(default=None, gt=0)
-    approval_timeout_seconds: float | None = Field(default=None, gt=0)
+    approval_timeout_seconds: float | None = Field(default=None, gt=0, le=MAX_APPROVAL_TIMEOUT_SECONDS)
+    """At most Temporal's longest timer (10,000 years): a longer one could never be set."""
 
 
 class SettingsInForce(AgentSettings):

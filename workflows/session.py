@@ -38,6 +38,12 @@ from workflows.queues import MessageQueue
 QueueSelector = str  # "steering" | "followUp" | "all"
 
 
+# The most a search attribute holds of what a model reports: an Int attribute is
+# an int64 read through JSON (float64) and the cost a Double; a value past these
+# would fail the upsert, and with it every workflow task of the conversation.
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_COST = 1e15
+
 class ContinueRefused(InputError):
     pass
 
@@ -359,6 +365,7 @@ class Session:
             "AgentStatus": self.status(),
             "AgentModel": self.settings.model or "",
             "AgentTurns": self.turns.total,
-            "AgentTotalTokens": self.usage.total_tokens,
-            "AgentCost": round(self.usage.cost.total, 6),
+            # A model may report any usage: values an Int/Double attribute refuses would fail the upsert.
+            "AgentTotalTokens": max(0, min(self.usage.total_tokens, MAX_SAFE_INTEGER)),
+            "AgentCost": round(min(self.usage.cost.total, MAX_COST), 6) if self.usage.cost.total > 0 else 0.0,
         }

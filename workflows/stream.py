@@ -119,6 +119,8 @@ class EventStream:
             return result
 
         def validate_poll(payload: PollInput) -> None:
+            if not isinstance(payload, PollInput):  # anyone may send one: `null` must not wedge it
+                raise ApplicationError("A stream poll takes a PollInput object", type="InvalidInput")
             if self._detached:
                 raise ApplicationError(
                     "Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR
