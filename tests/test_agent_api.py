@@ -292,3 +292,20 @@ async def test_continue_after_an_application_message_runs_the_model_as_pi_does(s
         await handle.execute_update("prompt", {"role": "assistant", "content": []})
     assert "A message with role `assistant` cannot be sent" in str(refused.value.cause)
     await handle.signal("close")
+
+
+@pytest.mark.parametrize("order", ["stop then abort", "abort then stop"])
+async def test_an_abort_with_stop_after_turn_still_ends_the_run_aborted(stack: Stack, order: str) -> None:
+    """SPEC 6 and 8: a run aborted during its tools ends with an aborted
+    message and `errorMessage`, also when the turn would have stopped the run
+    anyway (here stop_after_turn; maxTurns and the budgets are the same)."""
+    handle, log = await running_a_slow_tool(stack)
+    signals = ["stop_after_turn", "abort"] if order == "stop then abort" else ["abort", "stop_after_turn"]
+    for name in signals:
+        await handle.signal(name)
+    idle = await handle.execute_update("wait_for_idle")
+    log.close()
+    assert idle["stopReason"] == "aborted"
+    assert idle["messages"][-1]["role"] == "assistant" and idle["messages"][-1]["stopReason"] == "aborted"
+    assert (await handle.query("state"))["errorMessage"] == "Request was aborted"
+    await handle.signal("close")

@@ -342,3 +342,41 @@ async def test_every_tool_call_gets_exactly_one_result(mode: str) -> None:
     fake.tool_execution = mode
     messages = await run(fake)
     assert [m.tool_call_id for m in messages if m.role == "toolResult"] == [f"c{i}" for i in range(50)]
+
+
+async def test_an_abort_during_the_last_turns_tools_still_ends_the_run_aborted() -> None:
+    """SPEC 6: an abort during tools ends the run with an aborted message,
+    also when the turn would stop the run anyway (stop_after_turn, maxTurns,
+    a budget): a client reads `aborted`, not a normal end."""
+
+    def aborted_during_tools() -> FakeAgent:
+        fake = agent(calls(("a1", "echo", {"text": "x", "delay": 0.05})), say("never"))
+        fake.stop_after = lambda: True
+
+        async def abort_while_running(args: dict[str, Any]) -> str:
+            fake.aborted = True
+            return "x"
+
+        fake.tool("echo", abort_while_running)
+        return fake
+
+    fake = aborted_during_tools()
+    messages = await run(fake)
+    assert roles(messages)[-1] == "assistant:aborted"
+    assert messages[-1].error_message == "Request was aborted"
+    assert len(fake.model_contexts) == 1
+    assert fake.outline()[-6:] == [
+        "turn_end",
+        "turn_start",
+        "message_start:assistant",
+        "message_end:assistant:aborted",
+        "turn_end",
+        "agent_end",
+    ]
+
+    # A run recorded before (abort-over-stop not in force) replays as it ran.
+    before = aborted_during_tools()
+    context = before.context()
+    await run_agent_loop([user("go")], context, replace(before.config(), abort_over_stop=lambda: False))
+    assert roles(context.messages)[-1] == "toolResult:a1"
+    assert before.outline()[-2:] == ["turn_end", "agent_end"]

@@ -16,6 +16,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from client import start_conversation
 from tests.support.stack import EventLog, Stack, outline
 from tests.test_crash import Workers, comparable, workers  # noqa: F401  (fixture)
+from workflows.contract import MAX_APPROVAL_TIMEOUT_SECONDS
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -162,3 +163,53 @@ async def test_a_wait_survives_a_continue_as_new(stack: Stack) -> None:
     assert lines.count("tool_approval_request:g1") == 1, "announced once across the switch"
     assert lines.count("tool_execution_start:g1") == 1 and lines.count("tool_execution_end:g1") == 1
     assert [e["offset"] for e in events] == list(range(len(events)))
+
+
+@pytest.mark.parametrize(
+    ("decision", "says"),
+    [
+        ({"toolCallId": "g1", "approved": "yes"}, '"approved": true or false'),
+        ({"toolCallId": "g1", "approved": 1}, '"approved": true or false'),
+        ({"toolCallId": "g1", "approved": "false"}, '"approved": true or false'),
+        ({"toolCallId": "g1", "approved": True, "aproved": False}, "Unknown approve_tool key(s) aproved"),
+        ({"toolCallId": "g1", "approved": False, "reson": "typo"}, "Unknown approve_tool key(s) reson"),
+    ],
+)
+async def test_a_decision_must_say_true_or_false_in_so_many_words(
+    stack: Stack, decision: dict[str, Any], says: str
+) -> None:
+    """The gate of a tool that needs a person: a decision that is not a JSON
+    boolean, or carries a misspelt key, is refused and the call still waits."""
+    stack.script({"tool_calls": [call("g1", "guarded_echo", text="x")]}, {"text": "done"})
+    handle = await stack.start(prompt="ask")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("approve_tool", decision)
+    assert says in str(refused.value.cause)
+    assert [a["toolCallId"] for a in (await handle.query("state"))["pendingApprovals"]] == ["g1"]
+    await handle.execute_update("approve_tool", {"tool_call_id": "g1", "approved": False, "reason": "no"})
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    result = next(e for e in events if e["type"] == "tool_execution_end")
+    assert result["isError"] and "no" in result["result"]["content"][0]["text"]
+    await handle.signal("close")
+
+
+async def test_the_longest_approval_timeout_taken_sets_a_timer(stack: Stack) -> None:
+    """approvalTimeoutSeconds is refused past the longest timer that can be
+    set; the longest one taken waits like any other (no task fails)."""
+    stack.script({"tool_calls": [call("g1", "guarded_echo", text="x")]}, {"text": "done"})
+    handle = await stack.start()
+    with pytest.raises(WorkflowUpdateFailedError):
+        await handle.execute_update("configure", {"approvalTimeoutSeconds": MAX_APPROVAL_TIMEOUT_SECONDS + 1})
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": MAX_APPROVAL_TIMEOUT_SECONDS})
+    log = EventLog(stack.client, handle.id)
+    await handle.execute_update("prompt", "ask")
+    await log.wait_for_type("tool_approval_request")
+    await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": True})
+    await log.wait_for_type("agent_end")
+    log.close()
+    history = await handle.fetch_history()
+    assert [e for e in history.events if e.HasField("timer_started_event_attributes")]
+    await handle.signal("close")

@@ -33,12 +33,15 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # by time (v4); with the second, before a run due to continue as new waited
 # for its wait_for_idle callers (v5); with the third, before an abort or
 # stop_after_turn sent before a run began applied to it (v6); with the
-# fourth, before a conversation completed by closeWhenIdle was `closed` (v7).
+# fourth, before a conversation completed by closeWhenIdle was `closed` (v7);
+# with the fifth, before an abort during a stopping turn's tools ended the
+# run with its aborted message (v8).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
 V6 = sorted((ROOT / "v6").glob("*.json"))
 V7 = sorted((ROOT / "v7").glob("*.json"))
+V8 = sorted((ROOT / "v8").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -91,6 +94,9 @@ def test_there_are_recorded_histories() -> None:
     # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
     # once, whatever their arguments' size).
     assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V7}
+    # Every scenario, recorded before the abort-over-stop patch too (its old
+    # path changes events, not commands: tests/test_agent_loop.py runs it).
+    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V8}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -106,15 +112,17 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V7 + V6 + V5 + V4 + V2 + V1,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V7 + V6 + V5 + V4 + V2 + V1],
+    CURRENT + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V8 + V7 + V6 + V5 + V4 + V2 + V1],
 )
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
 
 
 @pytest.mark.parametrize(
-    "path", CURRENT + V7 + V6 + V5 + V4, ids=[str(p.relative_to(ROOT)) for p in CURRENT + V7 + V6 + V5 + V4]
+    "path",
+    CURRENT + V8 + V7 + V6 + V5 + V4,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V8 + V7 + V6 + V5 + V4],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a

@@ -24,6 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
+    from pydantic.alias_generators import to_camel
 
     from workflows.arguments import MAX_NESTING, nesting_depth
     from workflows.bindings import WorkflowBindings
@@ -124,6 +125,10 @@ CONTINUE_AFTER_APP_PATCH = "continue-after-app-message"
 # AgentStatus upserted, the `state` query's status), as one ended by
 # `close`; before this patch it stayed `idle`.
 CLOSED_WHEN_IDLE_PATCH = "closed-when-idle"
+# An abort during a turn's tools ends the run with its aborted message even
+# when the turn would have stopped the run anyway (stop_after_turn, maxTurns,
+# a budget); before this patch the run ended there as a normal turn.
+ABORT_OVER_STOP_PATCH = "abort-over-stop"
 
 
 def _keys(model: type[SessionSettings]) -> frozenset[str]:
@@ -394,6 +399,7 @@ class AgentWorkflow:
             at_turn_boundary=self._at_turn_boundary,
             total_turns=lambda: session.turns.total,
             failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
+            abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
         )
 
     def _prepare_arguments(self, call: ToolCall) -> dict[str, Any]:
@@ -760,6 +766,20 @@ class AgentWorkflow:
     @approve_tool.validator
     @_refusing
     def _validate_approve_tool(self, *args: Any) -> None:
+        # Stricter than the handler (a validator does not run on replay, so a
+        # decision accepted before stays accepted): this is a safety gate, and
+        # "approved": "yes" or a misspelt key must not be read as a decision.
+        payload = args[0] if len(args) == 1 else None
+        if isinstance(payload, dict):
+            known = {name for field in ApprovalRequest.model_fields for name in (field, to_camel(field))}
+            unknown = sorted(str(key) for key in payload if key not in known)
+            if unknown:
+                raise InputError(
+                    f"Unknown approve_tool key(s) {', '.join(unknown)}: "
+                    "it takes toolCallId, approved and reason."
+                )
+            if not isinstance(payload.get("approved"), bool):
+                raise InputError('approve_tool takes "approved": true or false (a JSON boolean).')
         self._parse_approval(args)
 
     def _parse_approval(self, args: tuple[Any, ...]) -> ApprovalRequest:

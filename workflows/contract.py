@@ -41,8 +41,9 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
 Temporal type), when the server it runs on has them registered."""
 
 
-# The longest duration Temporal takes (protobuf Duration): 10,000 years.
-MAX_APPROVAL_TIMEOUT_SECONDS = 315_576_000_000
+# The longest wait a timer can be set for here (Python's timedelta: 999,999,999
+# days); a longer approvalTimeoutSeconds failed every workflow task at the wait.
+MAX_APPROVAL_TIMEOUT_SECONDS = 999_999_999 * 86_400
 
 
 class AgentSettings(WireModel):
@@ -60,7 +61,7 @@ class AgentSettings(WireModel):
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost: float | None = Field(default=None, gt=0)
     approval_timeout_seconds: float | None = Field(default=None, gt=0, le=MAX_APPROVAL_TIMEOUT_SECONDS)
-    """At most Temporal's longest timer (10,000 years): a longer one could never be set."""
+    """At most MAX_APPROVAL_TIMEOUT_SECONDS (a longer one could never be set)."""
 
 
 class SettingsInForce(AgentSettings):

@@ -136,6 +136,11 @@ class LoopConfig:
     failure_turn_end: Callable[[], bool] = lambda: True
     """A run ended by a failing hook emits its failure message's ``turn_end``
     (pi's ``handleRunFailure``); False replays a run recorded before it did."""
+    abort_over_stop: Callable[[], bool] = lambda: True
+    """An abort during a turn's tools ends the run with its aborted message
+    even when the turn would stop the run anyway (``stop_after_turn``,
+    ``maxTurns``, a budget, the hook); False replays a run recorded before,
+    which ended there as a normal turn."""
 
 
 # --- a run ------------------------------------------------------------------------
@@ -205,11 +210,16 @@ async def run_loop(
                 has_more_tool_calls = not terminate
             config.emit(TurnEndEvent(message=message, tool_results=tool_results))
 
-            try:
-                stop = await _should_stop_after_turn(context, config, message, tool_results)
-            except Exception as err:  # a hook's failure ends the run, never the conversation
-                _fail_run(context, config, f"should_stop_after_turn failed: {_error_text(err)}")
-                return
+            if config.is_aborted() and config.abort_over_stop():
+                # SPEC 6: the run ends with an aborted message (the next turn
+                # makes it without calling the model), whatever else would stop it.
+                stop, has_more_tool_calls = False, True
+            else:
+                try:
+                    stop = await _should_stop_after_turn(context, config, message, tool_results)
+                except Exception as err:  # a hook's failure ends the run, never the conversation
+                    _fail_run(context, config, f"should_stop_after_turn failed: {_error_text(err)}")
+                    return
             if stop:
                 _end_run(context, config)
                 return

@@ -44,6 +44,7 @@ QueueSelector = str  # "steering" | "followUp" | "all"
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_COST = 1e15
 
+
 class ContinueRefused(InputError):
     pass
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-e"
+CURRENT = "agent-2026-12-f"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -30,8 +30,10 @@ _FIRST = frozenset(
 _B = _FIRST | {"search-attributes-by-time"}
 _C = _B | {"hold-switch-for-idle-waiters"}
 _D = _C | {"abort-before-run-start", "strict-start-input", "continue-after-app-message"}
+_E = _D | {"closed-when-idle", "tool-argument-bytes", "stream-events-as-pi"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-e": _E,
     "agent-2026-12-d": _D,
     "agent-2026-12-c": _C,
     "agent-2026-12-b": _B,
