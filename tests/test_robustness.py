@@ -466,6 +466,13 @@ async def test_malformed_publish_signals_are_dropped_not_fatal(stack: Stack) -> 
     await handle.signal(PUBLISH, {"items": [_item("!!!not base64")]})
     await handle.signal(PUBLISH, {"items": [_item(base64.b64encode(b"\xff\x00garbage").decode())]})
     await handle.signal(PUBLISH, {"items": [], "publisher_id": "p", "sequence": "a"})
+    await handle.signal(PUBLISH, args=[{"items": []}, "extra", 3])  # more arguments than it takes
+    await handle.signal(PUBLISH, args=[[1, 2]])
+    await still_answers(stack, handle)
+    for missing in ("__temporal_workflow_stream_poll", "__agent_stream_run_end"):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(missing)
+        assert "positional argument" not in str(refused.value.cause)  # a sentence, not a TypeError
     await still_answers(stack, handle)
     await handle.signal("close")
 

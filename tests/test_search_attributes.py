@@ -144,3 +144,21 @@ async def test_usage_a_model_reports_past_any_count_does_not_wedge_the_conversat
     history = await handle.fetch_history()
     assert not [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
     await handle.signal("close")
+
+
+async def test_a_model_name_past_what_a_keyword_holds_is_cut_not_fatal(stack: Stack) -> None:
+    """The server refuses a Keyword over 2 KB and terminated the whole
+    conversation: AgentModel keeps the name's first 150 characters."""
+    long_name = "m" * 2100
+    handle = await stack.start()
+    settings = await handle.execute_update("configure", {"model": long_name})
+    assert settings["model"] == long_name
+    await handle.execute_update("configure", {"model": stack.model})  # a status change upserts the model
+    await handle.execute_update("configure", {"model": "\U0001f600" * 2100})
+    stack.script({"text": "hi"})
+    await handle.execute_update("prompt", "hello")
+    await asyncio.wait_for(handle.execute_update("wait_for_idle"), 30)
+    values = await attributes(stack.client, handle.id)
+    assert values["AgentModel"] == "\U0001f600" * 150
+    assert (await handle.describe()).status.name == "RUNNING"
+    await handle.signal("close")

@@ -43,6 +43,14 @@ QueueSelector = str  # "steering" | "followUp" | "all"
 # would fail the upsert, and with it every workflow task of the conversation.
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_COST = 1e15
+# A Keyword attribute holds at most 2 KB of JSON: a longer model name made the
+# server refuse the upsert and terminate the conversation. Names are cut to
+# this many characters (each at most 12 bytes of JSON, as an escaped pair).
+MAX_KEYWORD_CHARS = 150
+
+
+def _keyword(value: str) -> str:
+    return value[:MAX_KEYWORD_CHARS]
 
 
 class ContinueRefused(InputError):
@@ -364,7 +372,7 @@ class Session:
         """What the conversation's search attributes should say now."""
         return {
             "AgentStatus": self.status(),
-            "AgentModel": self.settings.model or "",
+            "AgentModel": _keyword(self.settings.model or ""),
             "AgentTurns": self.turns.total,
             # A model may report any usage: values an Int/Double attribute refuses would fail the upsert.
             "AgentTotalTokens": max(0, min(self.usage.total_tokens, MAX_SAFE_INTEGER)),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import (
@@ -89,10 +89,13 @@ class EventStream:
         publish = workflow.get_signal_handler(PUBLISH_SIGNAL)
         if publish is not None:
 
-            def on_publish(payload: PublishInput | None = None) -> None:
+            def on_publish(*args: Any) -> None:
+                # Untyped (varargs): a signal with no argument, two or a
+                # value of another shape is dropped here, not a failed task.
                 self.signals += 1
-                if not isinstance(payload, PublishInput):
-                    workflow.logger.warning("Dropped a publish signal without its input")
+                payload = _publish_input(args)
+                if payload is None:
+                    workflow.logger.warning("Dropped a publish signal without a PublishInput")
                     return
                 publisher = payload.publisher_id
                 if publisher and publisher in self._closed_publishers:
@@ -118,7 +121,7 @@ class EventStream:
             self.delivered = max(self.delivered, result.next_offset)
             return result
 
-        def validate_poll(payload: PollInput) -> None:
+        def validate_poll(payload: PollInput | None = None) -> None:
             if not isinstance(payload, PollInput):  # anyone may send one: `null` must not wedge it
                 raise ApplicationError("A stream poll takes a PollInput object", type="InvalidInput")
             if self._detached:
@@ -139,7 +142,7 @@ class EventStream:
             await workflow.wait_condition(lambda: self._detached or (self._run_end or 0) > from_offset)
             return None if self._detached else self._run_end
 
-        def validate_run_end(from_offset: int) -> None:
+        def validate_run_end(from_offset: int | None = None) -> None:
             if self._detached:
                 raise ApplicationError(
                     "Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR
@@ -229,6 +232,24 @@ class EventStream:
 
     def all_read(self) -> bool:
         return not self.polled or self.delivered >= self.offset()
+
+
+_PUBLISH_INPUT: TypeAdapter[PublishInput] = TypeAdapter(PublishInput)
+
+
+def _publish_input(args: tuple[Any, ...]) -> PublishInput | None:
+    """The one PublishInput of a publish signal's arguments, or None."""
+    if len(args) != 1:
+        return None
+    value = args[0]
+    if isinstance(value, PublishInput):
+        return value
+    if not isinstance(value, dict):
+        return None
+    try:
+        return _PUBLISH_INPUT.validate_python(value)
+    except ValidationError:
+        return None
 
 
 def item_payload(data: str) -> Payload:
