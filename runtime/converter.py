@@ -20,6 +20,7 @@ sentence.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -123,6 +124,31 @@ class AgentPayloadConverter(CompositePayloadConverter):
         # workflow activation at least); the table of converters is built once
         # and shared (the SDK replaces it, never changes it in place).
         self.converters = _converters()
+
+    def from_payloads(self, payloads: Sequence[Payload], type_hints: list[type] | None = None) -> list[Any]:
+        """As the SDK's, but a payload in an encoding nobody here reads (none,
+        an unknown one, protobuf without its type, ``binary/null`` with data)
+        is refused with an ``ApplicationError``, as a JSON decode failure is:
+        a start input so encoded fails the conversation with a sentence
+        instead of failing its workflow task forever."""
+        try:
+            return super().from_payloads(payloads, type_hints)
+        except (ApplicationError, ValidationError):
+            raise  # already a sentence, or a value of the wrong type: the caller's to report
+        except Exception as err:
+            encodings = sorted(
+                {p.metadata.get("encoding", b"").decode(errors="replace")[:40] for p in payloads}
+            )
+            raise ApplicationError(
+                f"A payload could not be read (encoding {', '.join(e or 'none' for e in encodings)}: "
+                f"{str(err.__cause__ or err)[:200]}). Send plain JSON (json/plain).",
+                type="PayloadDecodeError",
+                non_retryable=True,
+            ) from None
+
+
+def _encoding(payload: Payload) -> str:
+    return payload.metadata.get("encoding", b"").decode(errors="replace")[:40]
 
 
 _CONVERTERS: Any = None

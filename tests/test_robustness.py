@@ -131,6 +131,34 @@ async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(
     assert says in str(failed.value.cause)
 
 
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"encoding": b"json/protobuf", "messageType": b"temporal.api.common.v1.Payload"},
+        {"encoding": b"binary/protobuf"},
+        {"encoding": b"binary/null"},
+        {"encoding": b"application/x-unknown"},
+        {},
+    ],
+    ids=["json-protobuf", "binary-protobuf", "binary-null", "unknown", "none"],
+)
+async def test_a_start_input_in_an_encoding_nobody_reads_fails_with_a_sentence(
+    stack: Stack, metadata: dict[str, bytes]
+) -> None:
+    """Before, the SDK failed the first workflow task over and over (the
+    start never failed, nothing answered); now the conversation fails at
+    once, saying what it could not read."""
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow",
+        RawValue(Payload(metadata=metadata, data=b'{"prompt": "hi"}')),
+        id=f"bad-encoding-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 30)
+    assert "A payload could not be read (encoding" in str(failed.value.cause)
+
+
 async def test_lone_surrogates_are_replaced_not_fatal(stack: Stack) -> None:
     handle = await stack.start()
     stack.script({"text": "ok"})
