@@ -54,7 +54,7 @@ from temporalio.converter import (
 )
 
 from runtime.converter import REFUSED
-from runtime.payloads import StoredPayloadMissing, data_converter
+from runtime.payloads import data_converter
 from runtime.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -227,7 +227,7 @@ def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
 def _decode_refusal(index: int, payload: Payload, err: Exception) -> Refused:
     """Why payload ``index`` could not be decoded, as one sentence."""
     encoding = payload.metadata.get("encoding", b"").decode(errors="replace")
-    if isinstance(err, StoredPayloadMissing) or _is_missing_s3_object(err):
+    if _is_missing_s3_object(err):  # a file store's missing payload comes back refused, with its sentence
         return Refused(422, f"Payload {index} refers to a stored payload that is gone: {_reason(err)}.")
     if isinstance(err, zlib.error | DecodeError):
         return Refused(422, f"Payload {index} is marked {encoding} but its data does not decompress.")

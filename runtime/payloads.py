@@ -48,10 +48,6 @@ DEFAULT_THRESHOLD_BYTES = 256 * 1024
 DEFAULT_COMPRESS_BYTES = 2048
 
 
-class StoredPayloadMissing(FileNotFoundError):
-    """A reference in the history points at a stored payload that is gone (or corrupt)."""
-
-
 class FileSystemStorageDriver(StorageDriver):
     """Stores payloads as files under ``root``, once per content.
 
@@ -99,23 +95,38 @@ class FileSystemStorageDriver(StorageDriver):
         return StorageDriverClaim(claim_data={"namespace": namespace, "sha256": digest})
 
     def _read(self, claim: StorageDriverClaim) -> Payload:
+        """The stored payload; for a reference that names no readable one, a
+        refused payload saying why (``refused_payload``), as the codecs do
+        for what they will not decode: anyone who may signal could send such
+        a reference (or a client with other storage settings), and raising
+        here failed every workflow task of the conversation. So a signal
+        carrying it is dropped, an update or a start input is refused with
+        the sentence; a workflow's own activity result so referred to still
+        stops its workflow task until the payload is restored."""
         digest = claim.claim_data.get("sha256", "")
         try:
             checked_digest(digest)
         except ValueError:
-            raise ValueError(
-                f"Payload reference {dict(claim.claim_data)} has no valid sha256 digest."
-            ) from None
+            return refused_payload(
+                f"refers to a stored payload by no valid sha256 digest ({str(dict(claim.claim_data))[:120]})"
+            )
         try:
             data = self.blobs(claim.claim_data.get("namespace", "default")).read(digest)
         except BlobMissing as err:
-            raise StoredPayloadMissing(
-                f"Stored payload {err}: restore it, or point AGENT_STORAGE_DIR "
-                "at the payload store this workflow was written with."
-            ) from None
+            return refused_payload(f"refers to a stored payload that is gone: {_missing(err)}")
         payload = Payload()
-        payload.ParseFromString(data)
+        try:
+            payload.ParseFromString(data)
+        except DecodeError:
+            return refused_payload(f"refers to a stored payload that is not a payload ({digest})")
         return payload
+
+
+def _missing(err: BlobMissing) -> str:
+    return (
+        f"Stored payload {err}: restore it, or point AGENT_STORAGE_DIR "
+        "at the payload store this workflow was written with"
+    )
 
 
 def _namespace_dir(namespace: str) -> str:

@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from temporalio.common import RawValue
 from temporalio.service import RPCError
 
 from client import follow, start_conversation
+from runtime.payloads import data_converter
+from runtime.settings import Settings
 from tests.support.stack import EventLog, Stack
 from workflows.contract import SessionState
 
@@ -548,3 +551,34 @@ async def test_forged_events_while_the_model_streams_break_neither_state_nor_abo
     assert sum(e.get("message") == "not a message" for e in read) == 1
     offsets = [offset async for offset, _ in follow(stack.client, handle.id)]
     assert len(offsets) == len(read) and offsets != list(range(offsets[0], offsets[0] + len(offsets)))
+
+
+async def test_a_reference_to_a_payload_the_workers_cannot_find_is_refused_not_fatal(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A client with other storage settings (or anyone who may signal) sends
+    a stored-payload reference the workers' store does not hold: before,
+    every workflow task failed for good; now a signal carrying it is dropped,
+    an update and a start input are refused with the reason."""
+    elsewhere = data_converter(Settings.from_env(storage_dir=tmp_path / "elsewhere"))
+    noise = base64.b64encode(os.urandom(400_000)).decode()  # stays over the storage threshold compressed
+    [reference] = await elsewhere.encode([noise])
+    assert reference.metadata["messageType"] == b"temporal.api.sdk.v1.ExternalStorageReference"
+    handle = await stack.start()
+    await handle.signal("steer", RawValue(reference))
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", RawValue(reference))
+    assert "refers to a stored payload that is gone" in str(refused.value.cause)
+    await still_answers(stack, handle)
+    assert (await state(stack, handle)).steering_queue == 0
+    await handle.signal("close")
+
+    started = await stack.client.start_workflow(
+        "AgentWorkflow",
+        RawValue(reference),
+        id=f"missing-ref-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(started.result(), 30)
+    assert "refers to a stored payload that is gone" in str(failed.value.cause)

@@ -29,13 +29,14 @@ from temporalio.converter import (
     StorageDriverWorkflowInfo,
     WorkflowSerializationContext,
 )
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from runtime.connect import connect
+from runtime.converter import REFUSED, AgentPayloadConverter
 from runtime.payloads import (
     DEFAULT_THRESHOLD_BYTES,
     FileSystemStorageDriver,
-    StoredPayloadMissing,
     data_converter,
     data_converter_from_env,
     external_storage,
@@ -97,21 +98,22 @@ async def test_payload_below_threshold_stays_inline(tmp_path: Path) -> None:
 
 
 async def test_missing_stored_payload_names_the_file(tmp_path: Path) -> None:
-    converter = file_converter(tmp_path)
+    converter = dataclasses.replace(file_converter(tmp_path), payload_converter_class=AgentPayloadConverter)
     [encoded] = await converter.encode([BIG])
     [path] = stored_files(tmp_path)
     path.unlink()
 
-    with pytest.raises(StoredPayloadMissing, match=f"Stored payload {path} is missing"):
+    with pytest.raises(ApplicationError, match=f"gone: Stored payload {path} is missing") as refused:
         await converter.decode([encoded], [str])
+    assert refused.value.type == "PayloadRefused" and refused.value.non_retryable
 
 
 async def test_reference_with_bad_digest_is_refused(tmp_path: Path) -> None:
     driver = FileSystemStorageDriver(tmp_path)
     claim = StorageDriverClaim(claim_data={"namespace": "default", "sha256": "../../etc/passwd"})
 
-    with pytest.raises(ValueError, match="no valid sha256"):
-        await driver.retrieve(StorageDriverRetrieveContext(), [claim])
+    [refused] = await driver.retrieve(StorageDriverRetrieveContext(), [claim])
+    assert refused.metadata["encoding"] == REFUSED and b"no valid sha256" in refused.data
 
 
 def storage_from_env() -> object:
