@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.api.common.v1 import Payload
-from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
@@ -160,6 +160,30 @@ async def test_a_start_input_in_an_encoding_nobody_reads_fails_with_a_sentence(
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), 30)
     assert "A payload could not be read (encoding" in str(failed.value.cause)
+
+
+@pytest.mark.parametrize(
+    ("name", "argument"),
+    [
+        ("clear_queues", "q" * 1_000_000),
+        ("approve_tool", {"toolCallId": "c" * 1_000_000, "approved": True}),
+        ("configure", {"k" * 1_000_000: 1}),
+    ],
+    ids=["clear_queues", "approve_tool", "configure"],
+)
+async def test_a_refusal_quotes_at_most_a_thousand_characters_of_what_was_sent(
+    stack: Stack, name: str, argument: Any
+) -> None:
+    """A refusal quoting a megabyte-sized argument was itself too large for
+    the server, which failed the workflow tasks for ~30 s; it is cut now."""
+    handle = await stack.start()
+    plain = (await Client.connect(stack.dev_server.address)).get_workflow_handle(handle.id)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await asyncio.wait_for(plain.execute_update(name, argument), 20)
+    message = str(refused.value.cause)
+    assert len(message) <= 1100 and message.endswith("... (cut)."), message[:200]
+    await asyncio.wait_for(still_answers(stack, handle), 20)
+    await handle.signal("close")
 
 
 async def test_lone_surrogates_are_replaced_not_fatal(stack: Stack) -> None:

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         no_arguments,
         prompt_message,
         prompt_messages,
+        refusal,
         single_argument,
         validation_text,
     )
@@ -170,7 +171,7 @@ def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
         try:
             validator(self, *args)
         except InputError as err:
-            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+            raise refusal(str(err)) from None
 
     return refuse
 
@@ -266,10 +267,10 @@ class AgentWorkflow:
         # A start input refused fails the conversation at once; a `state` query says `closed`.
         if self._input_error:
             session.closing = True
-            raise ApplicationError(self._input_error, type="InvalidInput", non_retryable=True)
+            raise refusal(self._input_error)
         if self._strict_input_error and self._versions.has(STRICT_START_INPUT_PATCH):
             session.closing = True
-            raise ApplicationError(self._strict_input_error, type="InvalidInput", non_retryable=True)
+            raise refusal(self._strict_input_error)
         await self._record_worker_defaults()
         self._update_details()
         if session.run is not None:
@@ -334,11 +335,9 @@ class AgentWorkflow:
         unknown = self._session.unknown_tools(self._session.settings.tools)
         if unknown:
             declared = ", ".join(sorted(self._session.declared or {})) or "no tools"
-            raise ApplicationError(
+            raise refusal(
                 f"Unknown tool(s) {', '.join(unknown)}: the worker declares {declared}. "
-                "Load the module that defines them with `worker.py --tools pkg.module`.",
-                type="InvalidInput",
-                non_retryable=True,
+                "Load the module that defines them with `worker.py --tools pkg.module`."
             )
 
     # --- runs -------------------------------------------------------------------------
@@ -603,7 +602,7 @@ class AgentWorkflow:
         try:
             prompts = prompt_messages(single_argument(args, "prompt"), self._now_ms)
         except InputError as err:
-            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+            raise refusal(str(err)) from None
         self._session.pending = PendingRun(prompts=prompts)
         self._update_details()
         return PromptResult(run=self._session.runs + 1, event_offset=self._stream.offset())
@@ -620,7 +619,7 @@ class AgentWorkflow:
         try:
             self._session.pending = self._session.continue_plan(after_app_message=self._continues_after_app())
         except InputError as err:
-            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+            raise refusal(str(err)) from None
         self._update_details()
         return PromptResult(run=self._session.runs + 1, event_offset=self._stream.offset())
 
@@ -643,7 +642,7 @@ class AgentWorkflow:
         try:
             patch, fields = self._parse_configure(args)
         except InputError as err:
-            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+            raise refusal(str(err)) from None
         settings = self._session.configure(patch, fields)
         self._update_details()
         return settings
@@ -759,7 +758,7 @@ class AgentWorkflow:
         try:
             decision = self._parse_approval(args)
         except InputError as err:
-            raise ApplicationError(str(err), type="InvalidInput", non_retryable=True) from None
+            raise refusal(str(err)) from None
         self._session.decisions[decision.tool_call_id] = decision
         return decision
 

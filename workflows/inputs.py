@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
 
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.models import AgentMessage, CustomMessage, MessageAdapter, UserMessage, WireModel
@@ -27,6 +28,19 @@ MAX_PROMPTS = 100
 
 class InputError(ValueError):
     """A payload a user sent that cannot be used; the text says why and what to do."""
+
+
+MAX_REFUSAL_CHARS = 1000
+
+
+def refusal(text: str) -> ApplicationError:
+    """A refusal (type ``InvalidInput``, final), its sentence cut to
+    MAX_REFUSAL_CHARS: one that quoted all of a megabyte-sized argument made
+    the workflow's answer too large for the server, which failed the
+    conversation's workflow tasks until it dropped the request."""
+    if len(text) > MAX_REFUSAL_CHARS:
+        text = text[: MAX_REFUSAL_CHARS - 12] + " ... (cut)."
+    return ApplicationError(text, type="InvalidInput", non_retryable=True)
 
 
 def single_argument(args: tuple[Any, ...], what: str, *, optional: bool = False) -> Any:
