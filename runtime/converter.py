@@ -136,9 +136,7 @@ class AgentPayloadConverter(CompositePayloadConverter):
         except (ApplicationError, ValidationError):
             raise  # already a sentence, or a value of the wrong type: the caller's to report
         except Exception as err:
-            encodings = sorted(
-                {p.metadata.get("encoding", b"").decode(errors="replace")[:40] for p in payloads}
-            )
+            encodings = sorted({_encoding(p) for p in payloads})
             raise ApplicationError(
                 f"A payload could not be read (encoding {', '.join(e or 'none' for e in encodings)}: "
                 f"{str(err.__cause__ or err)[:200]}). Send plain JSON (json/plain).",
