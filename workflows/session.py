@@ -49,10 +49,6 @@ MAX_COST = 1e15
 MAX_KEYWORD_CHARS = 150
 
 
-def _keyword(value: str) -> str:
-    return value[:MAX_KEYWORD_CHARS]
-
-
 class ContinueRefused(InputError):
     pass
 
@@ -372,7 +368,7 @@ class Session:
         """What the conversation's search attributes should say now."""
         return {
             "AgentStatus": self.status(),
-            "AgentModel": _keyword(self.settings.model or ""),
+            "AgentModel": (self.settings.model or "")[:MAX_KEYWORD_CHARS],
             "AgentTurns": self.turns.total,
             # A model may report any usage: values an Int/Double attribute refuses would fail the upsert.
             "AgentTotalTokens": max(0, min(self.usage.total_tokens, MAX_SAFE_INTEGER)),

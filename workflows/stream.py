@@ -36,6 +36,7 @@ from temporalio.contrib.workflow_streams import (
 )
 from temporalio.exceptions import ApplicationError
 
+from workflows.inputs import refusal
 from workflows.models import EVENTS_TOPIC, AssistantMessage, WireModel
 
 # The stream's wire protocol (its clients use the same names).
@@ -123,11 +124,8 @@ class EventStream:
 
         def validate_poll(payload: PollInput | None = None) -> None:
             if not isinstance(payload, PollInput):  # anyone may send one: `null` must not wedge it
-                raise ApplicationError("A stream poll takes a PollInput object", type="InvalidInput")
-            if self._detached:
-                raise ApplicationError(
-                    "Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR
-                )
+                raise refusal("A stream poll takes a PollInput object.")
+            self._refuse_if_detached()
 
         workflow.set_update_handler(POLL_UPDATE, on_poll, validator=validate_poll)
 
@@ -143,19 +141,18 @@ class EventStream:
             return None if self._detached else self._run_end
 
         def validate_run_end(from_offset: int | None = None) -> None:
-            if self._detached:
-                raise ApplicationError(
-                    "Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR
-                )
+            self._refuse_if_detached()
             if not isinstance(from_offset, int) or isinstance(from_offset, bool) or from_offset < 0:
-                raise ApplicationError(
-                    "from_offset must be an offset (a whole number >= 0)", type="InvalidInput"
-                )
+                raise refusal("from_offset must be an offset (a whole number >= 0).")
             if not self.run_active() and (self._run_end or 0) <= from_offset:
                 raise ApplicationError("No run is in progress", type="NoRun")
 
         # Released by ``detach_pollers``, which comes before continue-as-new and completion.
         workflow.set_update_handler(RUN_END_UPDATE, on_run_end, validator=validate_run_end)
+
+    def _refuse_if_detached(self) -> None:
+        if self._detached:
+            raise ApplicationError("Workflow pollers are detached for continue-as-new", type=DRAINING_ERROR)
 
     def publish(self, event: WireModel | dict[str, Any]) -> None:
         self._events.publish(event)
