@@ -241,6 +241,9 @@ async def _stream(
             # The first token goes out at once; the rest in batches.
             events.publish_delta(delta, flush=first_delta)
             first_delta = False
+        if assembler.too_many_calls:
+            await stream.close()  # the answer is refused: stop the model writing more of it
+            return
 
 
 class _ModelMetrics:

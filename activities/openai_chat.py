@@ -45,6 +45,13 @@ MODEL_PRICES: dict[str, tuple[float, float, float]] = {
 # a thinking block came in is its ``thinkingSignature``.
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_text")
 
+MAX_TOOL_CALLS_PER_ANSWER = 5_000
+"""The most tool calls one answer may ask for. The workflow's work on an
+answer grows with its calls, and a workflow task that works on one answer
+for more than 2 s fails the SDK's deadlock check on every attempt; 5,000
+keep that work well under it (~0.3 s on the bench machine). An answer past
+it ends the run with ``stopReason: "error"``, and none of its calls run."""
+
 _FINISH_REASONS: dict[str, StopReason] = {
     "stop": "stop",
     "length": "length",
@@ -179,6 +186,9 @@ class StreamAssembler:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self.started = False
+        self.too_many_calls = False
+        """The answer asked for more than ``MAX_TOOL_CALLS_PER_ANSWER`` tool
+        calls: the rest of the stream need not be read."""
         self.timestamp = int(time.time() * 1000)
         """When the request was made: the streamed message's time from its
         ``message_start`` on, as pi stamps it."""
@@ -233,6 +243,9 @@ class StreamAssembler:
         function = call.get("function") or {}
         index = call["index"] if call.get("index") is not None else len(self._tool_blocks)
         block_index = self._tool_blocks.get(index)
+        if block_index is None and len(self._tool_blocks) >= MAX_TOOL_CALLS_PER_ANSWER:
+            self.too_many_calls = True
+            return events
         if block_index is None:
             events += self._close_open() + self._close_tool()
             name = clean_text(function.get("name") or "")
@@ -306,21 +319,26 @@ class StreamAssembler:
         arguments were not valid JSON (id -> error), and the closing events.
 
         An aborted message keeps its text but drops tool calls, which may be
-        incomplete and would otherwise be left without results."""
-        if not aborted and self._finish_reason is None:
+        incomplete and would otherwise be left without results; so does one
+        that asked for too many calls (it ends as an error)."""
+        too_many = self.too_many_calls and not aborted
+        dropped = aborted or too_many
+        if not dropped and self._finish_reason is None:
             raise StreamEndedEarly("The model's stream ended before it finished its answer.")
         events = self._close_open() + self._close_tool()
-        events += [
-            self._end_tool_call(index)  # never closed, or reopened by an interleaved delta
-            for index in sorted(self._raw_args)
-            if self._closed_args.get(index) != self._raw_args[index]
-        ]
-        if aborted:
-            events = [e for e in events if e["type"] != "toolcall_end"]
-        errors = dict(self._arg_errors)
-        content = [b for b in self._blocks if not (aborted and isinstance(b, ToolCall))]
+        if not dropped:
+            events += [
+                self._end_tool_call(index)  # never closed, or reopened by an interleaved delta
+                for index in sorted(self._raw_args)
+                if self._closed_args.get(index) != self._raw_args[index]
+            ]
+        events = [e for e in events if not (dropped and e["type"] == "toolcall_end")]
+        errors = {} if dropped else dict(self._arg_errors)
+        content = [b for b in self._blocks if not (dropped and isinstance(b, ToolCall))]
         if aborted:
             stop_reason: StopReason = "aborted"
+        elif too_many:
+            stop_reason = "error"
         elif self._finish_reason == "length":
             stop_reason = "length"  # tool calls cut off mid-way must not run
         elif any(isinstance(b, ToolCall) for b in content):
@@ -336,6 +354,9 @@ class StreamAssembler:
             error_message=(
                 "Request was aborted"
                 if aborted
+                else f"The model asked for more than {MAX_TOOL_CALLS_PER_ANSWER:,} tool calls in one "
+                "answer, so none of them ran."
+                if too_many
                 else None
                 if stop_reason != "error"
                 else f"The model stopped with finish_reason={self._finish_reason!r}."

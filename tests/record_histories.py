@@ -371,6 +371,21 @@ async def big_tool_arguments(
     return handle
 
 
+async def long_tool_batch(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """One answer with 1,001 tool calls, all but three to a tool no worker
+    has (each gets its error result at once, so the history stays small):
+    prepared and given results in parts of 500, a 1 ms timer between them
+    (before the tool-batch-in-parts patch, all in one workflow task)."""
+    calls = [call(f"e{i}", "echo", text=str(i)) for i in range(3)]
+    calls += [call(f"m{i}", "no_such_tool") for i in range(998)]
+    server.script(model, [{"tool_calls": calls, "chunk_chars": 16 * 1024}, {"text": "done"}])
+    handle = await start(client, model, prompt="many", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -389,6 +404,7 @@ SCENARIOS: dict[str, Scenario] = {
     "continue_after_app": continue_after_app,
     "unknown_start_key": unknown_start_key,
     "big_tool_arguments": big_tool_arguments,
+    "long_tool_batch": long_tool_batch,
 }
 
 

@@ -19,7 +19,7 @@ from workflows.hooks import (
     ToolResultOverride,
     TurnContext,
 )
-from workflows.loop import ApprovalDecision, run_agent_loop, run_loop
+from workflows.loop import TOOL_CALLS_PER_PART, ApprovalDecision, run_agent_loop, run_loop
 from workflows.models import ToolOutcome, text_result
 
 
@@ -380,3 +380,45 @@ async def test_an_abort_during_the_last_turns_tools_still_ends_the_run_aborted()
     await run_agent_loop([user("go")], context, replace(before.config(), abort_over_stop=lambda: False))
     assert roles(context.messages)[-1] == "toolResult:a1"
     assert before.outline()[-2:] == ["turn_end", "agent_end"]
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential", "length"])
+async def test_a_long_batch_is_worked_on_in_parts_with_the_same_events(mode: str) -> None:
+    """The workflow ends its task between parts of a batch of thousands of
+    calls (one task past ~10,000 outlasted the SDK's deadlock check). The
+    pauses come after every TOOL_CALLS_PER_PART starts and results, and
+    change nothing else: the events are those of a loop that never pauses."""
+    n = 2 * TOOL_CALLS_PER_PART + 7
+    answer = calls(
+        *[(f"c{i}", "echo", {"text": str(i)}) for i in range(n)],
+        stop_reason="length" if mode == "length" else "toolUse",
+    )
+
+    async def run_batch(pausing: bool) -> list[str]:
+        fake = agent(answer, say("done"))
+        fake.tool_execution = "sequential" if mode == "sequential" else "parallel"
+
+        async def pause() -> None:
+            fake.events.append({"type": "pause"})
+            await asyncio.sleep(0)
+
+        config = replace(fake.config(), pause_between_parts=pause if pausing else lambda: None)
+        context = fake.context()
+        await run_agent_loop([user("go")], context, config)
+        assert len([m for m in context.messages if m.role == "toolResult"]) == n
+        return [e["type"] for e in fake.events]
+
+    paused, plain = await run_batch(True), await run_batch(False)
+    assert [t for t in paused if t != "pause"] == plain
+    counts: list[tuple[int, int]] = []  # (tool starts, result message ends) before each pause
+    starts = ends = 0
+    for kind in paused:
+        starts += kind == "tool_execution_start"
+        ends += kind == "message_end"
+        if kind == "pause":
+            counts.append((starts, ends - 1))  # the prompt's message_end
+    part = TOOL_CALLS_PER_PART
+    if mode == "sequential":  # each call starts and gets its result before the next
+        assert counts == [(part, part + 1), (2 * part, 2 * part + 1)]  # and the call's assistant message
+    else:  # every call starts first, then the results land in source order
+        assert counts == [(part, 1), (2 * part, 1), (n, part + 1), (n, 2 * part + 1)]

@@ -13,7 +13,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.llm import LlmActivities
-from activities.openai_chat import StreamAssembler, to_openai_messages, usage_from_openai
+from activities.openai_chat import (
+    MAX_TOOL_CALLS_PER_ANSWER,
+    StreamAssembler,
+    to_openai_messages,
+    usage_from_openai,
+)
 from workflows.contract import LlmRequest
 from workflows.models import AssistantMessage, ThinkingContent, UserMessage
 
@@ -170,6 +175,38 @@ def test_two_calls_of_one_answer_with_one_id_get_ids_of_their_own() -> None:
     message, errors, _ = assembler.finish()
     assert [c.id for c in message.tool_calls] == ["same", "same_2", "same_3"]
     assert list(errors) == ["same_2"]
+
+
+def test_an_answer_with_too_many_tool_calls_ends_as_an_error_with_none_of_them() -> None:
+    """The workflow's work on one answer grows with its calls; past the
+    cap it would outlast the SDK's deadlock check on every attempt. The
+    assembler stops at the first call past it: the text is kept, no call
+    is left to run, and the message says why."""
+    assembler = StreamAssembler("m")
+    assembler.feed({"choices": [{"index": 0, "delta": {"content": "On it."}}]})
+    for i in range(MAX_TOOL_CALLS_PER_ANSWER):
+        assembler.feed(_tool_chunk(i, call_id=f"c{i}", name="echo", args='{"text": "x"}'))
+    assert not assembler.too_many_calls  # the cap itself is allowed
+    assert assembler.feed(_tool_chunk(MAX_TOOL_CALLS_PER_ANSWER, call_id="over", name="echo")) == []
+    assert assembler.too_many_calls
+    message, errors, closing = assembler.finish()  # no finish_reason: the stream was left
+    assert message.stop_reason == "error" and message.tool_calls == [] and errors == {}
+    assert message.text == "On it."
+    assert message.error_message == (
+        f"The model asked for more than {MAX_TOOL_CALLS_PER_ANSWER:,} tool calls in one answer, "
+        "so none of them ran."
+    )
+    assert all(e["type"] != "toolcall_end" for e in closing)
+
+
+def test_an_answer_with_as_many_tool_calls_as_allowed_runs_them_all() -> None:
+    assembler = StreamAssembler("m")
+    for i in range(MAX_TOOL_CALLS_PER_ANSWER):
+        assembler.feed(_tool_chunk(i, call_id=f"c{i}", name="echo", args='{"text": "x"}'))
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, _ = assembler.finish()
+    assert errors == {}
+    assert message.stop_reason == "toolUse" and len(message.tool_calls) == MAX_TOOL_CALLS_PER_ANSWER
 
 
 def test_usage_takes_only_token_counts() -> None:

@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
+from activities.openai_chat import MAX_TOOL_CALLS_PER_ANSWER
 from client import follow, start_conversation
 from runtime.payloads import data_converter
 from runtime.settings import Settings
@@ -333,6 +334,32 @@ async def test_two_thousand_one_hundred_tool_calls_all_get_results(stack: Stack)
     assert [m.tool_call_id for m in results] == [f"c{i}" for i in range(2100)]
     assert results[2099].content[0].text == "2099+1 = 2100" and not results[2099].is_error
     assert result.messages[-1].text == "all done"
+
+
+async def test_an_answer_with_more_tool_calls_than_allowed_ends_the_run_and_the_conversation_answers(
+    stack: Stack,
+) -> None:
+    """10,000 calls in one answer: the workflow's work on them outlasted
+    the SDK's 2 s deadlock check on every attempt, and the conversation
+    stalled for good. Now the answer past the cap ends the run as an error
+    that says so, no call runs, and the next prompt is answered."""
+    calls = [call(f"c{i}", "calculator", expression="1+1") for i in range(MAX_TOOL_CALLS_PER_ANSWER * 2)]
+    stack.script({"text": "Let me compute.", "tool_calls": calls, "chunk_chars": 4000})
+    handle = await stack.start()
+    started = await handle.execute_update("prompt", "compute everything")
+    idle = await asyncio.wait_for(wait_for_idle(handle), 120)
+    assert idle["stopReason"] == "error"
+    answer = idle["messages"][-1]
+    assert answer["errorMessage"] == (
+        f"The model asked for more than {MAX_TOOL_CALLS_PER_ANSWER:,} tool calls in one answer, "
+        "so none of them ran."
+    )
+    assert [c["type"] for c in answer["content"]] == ["text"]
+    events = await stack.events(handle.id, from_offset=started["eventOffset"])
+    assert not [e for e in events if e["type"].startswith("tool_execution")]
+    assert events[-1]["type"] == "agent_end"
+    await still_answers(stack, handle)
+    await handle.signal("close")
 
 
 async def test_megabytes_of_tool_arguments_in_one_answer_are_scheduled_in_parts(stack: Stack) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -130,6 +130,11 @@ CLOSED_WHEN_IDLE_PATCH = "closed-when-idle"
 # when the turn would have stopped the run anyway (stop_after_turn, maxTurns,
 # a budget); before this patch the run ended there as a normal turn.
 ABORT_OVER_STOP_PATCH = "abort-over-stop"
+# A tool batch of thousands of calls is prepared and its results added in
+# parts of TOOL_CALLS_PER_PART, each part in a workflow task of its own (a
+# 1 ms timer between them); before this patch all in one, which past
+# ~10,000 calls outlasted the SDK's 2 s deadlock check on every attempt.
+TOOL_BATCH_IN_PARTS_PATCH = "tool-batch-in-parts"
 
 
 def _keys(model: type[SessionSettings]) -> frozenset[str]:
@@ -399,7 +404,14 @@ class AgentWorkflow:
             total_turns=lambda: session.turns.total,
             failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
             abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
+            pause_between_parts=self._pause_between_parts,
         )
+
+    def _pause_between_parts(self) -> Awaitable[None] | None:
+        """Ends this workflow task between parts of a long tool batch."""
+        if not self._versions.has(TOOL_BATCH_IN_PARTS_PATCH):
+            return None
+        return workflow.sleep(timedelta(milliseconds=1), summary="next part of a long tool batch")
 
     def _prepare_arguments(self, call: ToolCall) -> dict[str, Any]:
         shim = self._bindings.argument_shims.get(call.name)

@@ -141,6 +141,14 @@ class LoopConfig:
     even when the turn would stop the run anyway (``stop_after_turn``,
     ``maxTurns``, a budget, the hook); False replays a run recorded before,
     which ended there as a normal turn."""
+    pause_between_parts: Callable[[], Awaitable[None] | None] = lambda: None
+    """Awaited (when not None) after every ``TOOL_CALLS_PER_PART`` calls a
+    batch prepares or adds results for: a host whose unit of work has a
+    time limit (a workflow task's 2 s deadlock check) ends it there, so a
+    batch of thousands of calls is worked on in parts."""
+
+
+TOOL_CALLS_PER_PART = 500
 
 
 # --- a run ------------------------------------------------------------------------
@@ -295,7 +303,7 @@ async def execute_tool_calls(
     batch's progress is kept in ``context.run.batch`` until it ends."""
     calls = message.tool_calls
     if message.stop_reason == "length":
-        return _refuse_truncated_calls(context, config, calls), False
+        return await _refuse_truncated_calls(context, config, calls), False
     run = context.run
     resumed = run.batch is not None
     if run.batch is None:
@@ -309,7 +317,8 @@ async def execute_tool_calls(
     outcomes: list[ToolOutcome] = []
     results: list[ToolResultMessage] = []
     if batch.sequential:
-        for call in calls:
+        for index, call in enumerate(calls):
+            await _pause_every_part(config, index)
             settled = batch.outcomes.get(call.id)
             if settled is not None:  # before a continue-as-new: its result is in the transcript
                 outcomes.append(settled)
@@ -327,7 +336,8 @@ async def execute_tool_calls(
             results.append(_add_tool_result(context, config, call, outcome))
     else:
         preparations: list[PreparedToolCall | ToolOutcome] = []
-        for call in calls:
+        for index, call in enumerate(calls):
+            await _pause_every_part(config, index)
             if resumed and call.id in batch.outcomes:
                 preparations.append(batch.outcomes[call.id])
             else:
@@ -344,7 +354,7 @@ async def execute_tool_calls(
             )
         )
         # Ends arrived in completion order; results land in source order.
-        results = [_add_tool_result(context, config, c, o) for c, o in zip(calls, outcomes, strict=True)]
+        results = await _add_tool_results(context, config, calls, outcomes)
     run.batch = None
     return results, bool(outcomes) and all(o.terminate for o in outcomes)
 
@@ -476,13 +486,32 @@ async def finalize_executed_tool_call(
         return error_outcome(_error_text(err))
 
 
-def _refuse_truncated_calls(
+async def _pause_every_part(config: LoopConfig, index: int) -> None:
+    """The host's pause before call ``index`` of a batch, once a part is done."""
+    if index and index % TOOL_CALLS_PER_PART == 0:
+        pause = config.pause_between_parts()
+        if pause is not None:
+            await pause
+
+
+async def _add_tool_results(
+    context: AgentContext, config: LoopConfig, calls: list[ToolCall], outcomes: list[ToolOutcome]
+) -> list[ToolResultMessage]:
+    results = []
+    for index, (call, outcome) in enumerate(zip(calls, outcomes, strict=True)):
+        await _pause_every_part(config, index)
+        results.append(_add_tool_result(context, config, call, outcome))
+    return results
+
+
+async def _refuse_truncated_calls(
     context: AgentContext, config: LoopConfig, calls: list[ToolCall]
 ) -> list[ToolResultMessage]:
     """Tool calls of a message cut off by the token limit may be
     incomplete: none runs; the model is told to issue them again."""
     outcomes = []
-    for call in calls:
+    for index, call in enumerate(calls):
+        await _pause_every_part(config, index)
         config.emit(ToolExecutionStartEvent(tool_call_id=call.id, tool_name=call.name, args=call.arguments))
         outcome = error_outcome(
             f"Tool call {call.name} was not executed: the response hit the output "
@@ -491,7 +520,7 @@ def _refuse_truncated_calls(
         )
         _emit_tool_end(config, call, outcome)
         outcomes.append(outcome)
-    return [_add_tool_result(context, config, c, o) for c, o in zip(calls, outcomes, strict=True)]
+    return await _add_tool_results(context, config, calls, outcomes)
 
 
 def _add_tool_result(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-f"
+CURRENT = "agent-2026-12-g"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -31,8 +31,10 @@ _B = _FIRST | {"search-attributes-by-time"}
 _C = _B | {"hold-switch-for-idle-waiters"}
 _D = _C | {"abort-before-run-start", "strict-start-input", "continue-after-app-message"}
 _E = _D | {"closed-when-idle", "tool-argument-bytes", "stream-events-as-pi"}
+_F = _E | {"abort-over-stop"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-f": _F,
     "agent-2026-12-e": _E,
     "agent-2026-12-d": _D,
     "agent-2026-12-c": _C,
