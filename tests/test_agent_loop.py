@@ -422,3 +422,52 @@ async def test_a_long_batch_is_worked_on_in_parts_with_the_same_events(mode: str
         assert counts == [(part, part + 1), (2 * part, 2 * part + 1)]  # and the call's assistant message
     else:  # every call starts first, then the results land in source order
         assert counts == [(part, 1), (2 * part, 1), (n, part + 1), (n, 2 * part + 1)]
+
+
+async def test_a_hook_raising_cancelled_error_is_a_hook_failure_not_the_end_of_the_conversation() -> None:
+    """asyncio.CancelledError is no Exception: a hook that raised it (or let
+    one from its own awaits escape) went past every handler, and the
+    workflow failed as cancelled. It is now the hook's failure like any."""
+
+    class Cancelling(AgentHooks):
+        async def before_tool_call(self, context: ToolCallContext) -> None:
+            if context.tool_call.id == "b":
+                raise asyncio.CancelledError
+
+        def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> None:
+            if context.tool_call.id == "a":
+                raise asyncio.CancelledError("after hook cancelled")
+
+        def should_stop_after_turn(self, context: TurnContext) -> bool:
+            if context.message.text == "stop?":
+                raise asyncio.CancelledError
+            return False
+
+    fake = agent(calls(("a", "echo", {"text": "1"}), ("b", "echo", {"text": "2"})), say("stop?"))
+    fake.hooks = Cancelling()
+    messages = await run(fake)
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["a"].is_error and results["a"].content[0].text == "after hook cancelled"
+    assert results["b"].is_error and results["b"].content[0].text == "CancelledError"
+    assert messages[-1].stop_reason == "error"
+    assert messages[-1].error_message == "should_stop_after_turn failed: CancelledError"
+
+
+async def test_cancelling_the_loop_while_a_hook_waits_still_cancels_it() -> None:
+    """The workflow's own cancellation (Temporal's cancel request cancels its
+    task) is not taken for the hook's failure: it goes on up."""
+    waiting = asyncio.Event()
+
+    class Slow(AgentHooks):
+        async def before_tool_call(self, context: ToolCallContext) -> None:
+            waiting.set()
+            await asyncio.sleep(3600)
+
+    fake = agent(calls(("a", "echo", {"text": "1"})), say("never"))
+    fake.hooks = Slow()
+    task = asyncio.create_task(run(fake))
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "tool_execution_end" not in fake.outline()

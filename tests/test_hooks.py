@@ -87,6 +87,21 @@ async def test_hook_failures_become_error_results(
     assert result.messages[-1].text == "ok"
 
 
+async def test_a_hook_raising_cancelled_error_gives_an_error_result_and_the_run_goes_on(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """asyncio.CancelledError is no Exception: raised by a hook it used to
+    fail the whole conversation as cancelled."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model, [{"tool_calls": [call("c1", "sequential_echo", text="cancel-before")]}, {"text": "ok"}]
+    )
+    result = await run_guarded(client, model, "go")
+    cancelled = result.messages[2]
+    assert cancelled.is_error and cancelled.content[0].text == "before hook cancelled"
+    assert result.messages[-1].text == "ok"
+
+
 async def test_should_stop_after_turn_hook_ends_the_run(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:

@@ -225,7 +225,10 @@ async def run_loop(
             else:
                 try:
                     stop = await _should_stop_after_turn(context, config, message, tool_results)
-                except Exception as err:  # a hook's failure ends the run, never the conversation
+                except (Exception, asyncio.CancelledError) as err:
+                    if not _raised_by_hook(err):
+                        raise
+                    # A hook's failure ends the run, never the conversation.
                     _fail_run(context, config, f"should_stop_after_turn failed: {_error_text(err)}")
                     return
             if stop:
@@ -411,8 +414,10 @@ async def _prepare(
         )
     except ToolArgumentsError as err:
         return error_outcome(str(err))
-    except Exception as err:  # a shim's or hook's failure is the call's error result
-        return error_outcome(_error_text(err))
+    except (Exception, asyncio.CancelledError) as err:
+        if not _raised_by_hook(err):
+            raise
+        return error_outcome(_error_text(err))  # a shim's or hook's failure is the call's error result
     if isinstance(decision, BlockToolCall):
         return error_outcome(decision.reason or "Tool execution was blocked")
     if decision is not None and not isinstance(decision, RequireApproval):
@@ -482,8 +487,10 @@ async def finalize_executed_tool_call(
             is_error=outcome.is_error if override.is_error is None else bool(override.is_error),
             terminate=outcome.terminate if override.terminate is None else bool(override.terminate),
         )
-    except Exception as err:  # a hook's failure becomes the call's error result
-        return error_outcome(_error_text(err))
+    except (Exception, asyncio.CancelledError) as err:
+        if not _raised_by_hook(err):
+            raise
+        return error_outcome(_error_text(err))  # a hook's failure becomes the call's error result
 
 
 async def _pause_every_part(config: LoopConfig, index: int) -> None:
@@ -592,6 +599,17 @@ def _as_content(content: str | list[UserContent]) -> list[UserContent]:
     if isinstance(content, str):
         return [TextContent(text=content)]
     return ToolOutcome(content=content).content  # validates each block
+
+
+def _raised_by_hook(err: BaseException) -> bool:
+    """Whether ``err`` is the hook's own failure. An ``asyncio.CancelledError``
+    is one unless this task is being cancelled (the workflow's cancellation,
+    which must go on up): a hook may raise it, or let one from its own
+    awaits escape, and that must not end the conversation."""
+    if not isinstance(err, asyncio.CancelledError):
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 def _error_text(err: BaseException) -> str:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from workflows.hooks import AgentHooks, BlockToolCall, ToolCallContext, ToolResultOverride, TurnContext
 from workflows.models import TextContent, ToolOutcome
 
@@ -16,6 +18,8 @@ class GuardedHooks(AgentHooks):
             return BlockToolCall(reason="explode is not allowed here")
         if context.args.get("text") == "fail-before":
             raise RuntimeError("before hook failed")
+        if context.args.get("text") == "cancel-before":
+            raise asyncio.CancelledError("before hook cancelled")
         return None
 
     async def after_tool_call(
