@@ -113,7 +113,7 @@ class FileSystemStorageDriver(StorageDriver):
         try:
             data = self.blobs(claim.claim_data.get("namespace", "default")).read(digest)
         except BlobMissing as err:
-            return refused_payload(f"refers to a stored payload that is gone: {_missing(err)}")
+            return refused_payload(f"refers to a stored payload that is gone: {_missing(err, self.root)}")
         payload = Payload()
         try:
             payload.ParseFromString(data)
@@ -122,9 +122,13 @@ class FileSystemStorageDriver(StorageDriver):
         return payload
 
 
-def _missing(err: BlobMissing) -> str:
+def _missing(err: BlobMissing, root: Path) -> str:
+    """Why, naming the file under ``AGENT_STORAGE_DIR``: the sentence goes to
+    whoever sent the reference (a client, the UI through the codec server),
+    who need not learn where the workers keep their files."""
+    where = str(err).replace(str(root), "AGENT_STORAGE_DIR", 1)
     return (
-        f"Stored payload {err}: restore it, or point AGENT_STORAGE_DIR "
+        f"Stored payload {where}: restore it, or point AGENT_STORAGE_DIR "
         "at the payload store this workflow was written with"
     )
 

@@ -97,15 +97,19 @@ async def test_payload_below_threshold_stays_inline(tmp_path: Path) -> None:
     assert stored_files(tmp_path) == []
 
 
-async def test_missing_stored_payload_names_the_file(tmp_path: Path) -> None:
+async def test_missing_stored_payload_names_the_file_under_the_store(tmp_path: Path) -> None:
+    """Named from AGENT_STORAGE_DIR on: the sentence reaches whoever sent
+    the reference, who need not learn the workers' absolute paths."""
     converter = dataclasses.replace(file_converter(tmp_path), payload_converter_class=AgentPayloadConverter)
     [encoded] = await converter.encode([BIG])
     [path] = stored_files(tmp_path)
     path.unlink()
 
-    with pytest.raises(ApplicationError, match=f"gone: Stored payload {path} is missing") as refused:
+    relative = f"AGENT_STORAGE_DIR/{path.relative_to(tmp_path)}"
+    with pytest.raises(ApplicationError, match=f"gone: Stored payload {relative} is missing") as refused:
         await converter.decode([encoded], [str])
     assert refused.value.type == "PayloadRefused" and refused.value.non_retryable
+    assert str(tmp_path) not in str(refused.value)
 
 
 async def test_reference_with_bad_digest_is_refused(tmp_path: Path) -> None:
