@@ -439,15 +439,29 @@ _TOKENS = SearchAttributeKey.for_int("AgentTotalTokens")
 _COST = SearchAttributeKey.for_float("AgentCost")
 
 
+_LISTED_ENDINGS = {
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "timed-out",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+}
+
+
 async def list_conversations(
     client: Client, *, status: str | None = None, model: str | None = None, limit: int = 50
 ) -> AsyncIterator[ConversationSummary]:
     """Conversations, newest first, with ``status`` (``idle``, ``running``,
     ``awaiting-approval``, ``closed``) and ``model`` when given. The list
-    is the server's visibility store: it may lag a second behind."""
-    clauses = [f"WorkflowType = {_quoted(WORKFLOW_TYPE)}"]
+    is the server's visibility store: it may lag a second behind.
+
+    One entry per conversation: its current run (a conversation that
+    continued as new has earlier runs too). A conversation that ended
+    without closing has the status of its end (``failed``, ``terminated``,
+    ``timed-out``, ``cancelled``): its ``AgentStatus`` is where it stopped."""
+    clauses = [f"WorkflowType = {_quoted(WORKFLOW_TYPE)}", "ExecutionStatus != 'ContinuedAsNew'"]
     if status is not None:
         clauses.append(f"AgentStatus = {_quoted(status)}")
+        clauses.append("ExecutionStatus = " + ("'Completed'" if status == "closed" else "'Running'"))
     if model is not None:
         clauses.append(f"AgentModel = {_quoted(model)}")
     try:
@@ -456,7 +470,9 @@ async def list_conversations(
             yield ConversationSummary(
                 id=execution.id,
                 started=execution.start_time,
-                status=found.get(_STATUS),
+                status=_LISTED_ENDINGS.get(execution.status, found.get(_STATUS))
+                if execution.status is not None
+                else found.get(_STATUS),
                 model=found.get(_MODEL),
                 turns=found.get(_TURNS),
                 total_tokens=found.get(_TOKENS),

@@ -250,8 +250,8 @@ async def cmd_list(client: Client, settings: Settings, args: argparse.Namespace)
     rows = [
         (
             found.id,
-            found.status or "?",
-            found.model or "?",
+            found.status or "-",
+            found.model or "-",
             f"{found.turns or 0} turns",
             f"{found.total_tokens or 0:,} tokens",
             f"${found.cost or 0:.4f}",

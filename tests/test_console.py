@@ -21,7 +21,7 @@ from typing import Any
 import pexpect
 import pytest
 from rich.console import Console
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
 from client import Conversation
@@ -839,6 +839,44 @@ async def test_starter_list_shows_conversations_by_status_and_model(stack: Stack
     assert set(everything) == {idle.id, waiting.id}
     assert everything[idle.id].split()[1:3] == ["idle", stack.model]
     assert set(only_waiting) == {waiting.id}
+
+
+async def test_starter_list_shows_each_conversation_once_and_how_an_ended_one_ended(stack: Stack) -> None:
+    """One line per conversation, not per run of it (a conversation that
+    continued as new has several), and a conversation that ended without
+    closing says how: a terminated one listed `running` and a start refused
+    for its input `? ?`."""
+    stack.script({"text": "one"}, {"text": "two"})
+    switched = await stack.start(prompt="first", continueAsNewAfterTurns=1)
+    await switched.execute_update("wait_for_idle")
+    await switched.execute_update("prompt", "second")
+    await switched.execute_update("wait_for_idle")
+    stack.script({"text": "slow", "fault": {"kind": "stall", "after_chunks": 2, "seconds": 30}})
+    terminated = await stack.start(prompt="hang on")
+    while not (await terminated.query("state"))["isStreaming"]:
+        await asyncio.sleep(0.05)
+    await terminated.terminate("operator")
+    refused = await stack.start(sytemPrompt="misspelt")
+    with pytest.raises(WorkflowFailureError):
+        await refused.result()
+    ids = {switched.id, terminated.id, refused.id}
+
+    lines: list[str] = []
+    for _ in range(30):
+        code, stdout = await starter(stack.dev_server, "list", "--limit", "200")
+        assert code == 0
+        lines = [line for line in stdout.splitlines() if line.split()[0] in ids]
+        if {line.split()[0] for line in lines} == ids and "idle" in "".join(lines):
+            break
+        await asyncio.sleep(0.3)
+    by_id: dict[str, list[str]] = {}
+    for line in lines:
+        by_id.setdefault(line.split()[0], []).append(line)
+    assert {k: len(v) for k, v in by_id.items()} == dict.fromkeys(ids, 1)
+    assert by_id[switched.id][0].split()[1:3] == ["idle", stack.model]
+    assert by_id[terminated.id][0].split()[1:3] == ["terminated", stack.model]
+    assert by_id[refused.id][0].split()[1:3] == ["failed", "-"]
+    await switched.signal("close")
 
 
 async def test_starter_settings_errors_are_one_line_and_it_runs_from_any_directory(
