@@ -5,6 +5,7 @@ streamed chunks back to one ``AssistantMessage`` plus pi's
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ import openai
 
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
-from workflows.inputs import clean_json, clean_text
+from workflows.inputs import clean_json, clean_text, image_problem
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -26,6 +27,8 @@ from workflows.models import (
     Usage,
     UserMessage,
 )
+
+logger = logging.getLogger(__name__)
 
 # USD per million tokens: (input, output, cached input). Unknown models cost 0.
 MODEL_PRICES: dict[str, tuple[float, float, float]] = {
@@ -109,6 +112,13 @@ def _user_content(content: str | list[TextContent | ImageContent]) -> str | list
 
 
 def _image_part(image: ImageContent) -> dict[str, Any]:
+    """The image as a data URL; one a model would refuse (a signal, a start
+    input or a tool can carry one) as a note saying why, so that the call,
+    and every later call with it in the context, is not refused for it."""
+    problem = image_problem(image)
+    if problem is not None:
+        logger.warning("Sent a note instead of an image the model would refuse: %s", problem)
+        return {"type": "text", "text": f"[An image was left out: {problem}.]"}
     return {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image.data}"}}
 
 

@@ -627,6 +627,49 @@ async def test_images_reach_the_model(stack: Stack) -> None:
     assert content[1] == {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}}
 
 
+async def test_an_image_a_model_would_refuse_is_refused_by_prompt_and_never_sent(stack: Stack) -> None:
+    """An image with bad base64 or a non-image mimeType made the model
+    refuse the call, and every later one with it in the context: the
+    conversation could not answer again. `prompt` refuses it with a
+    sentence; one that comes another way (a signal, the start input, a
+    tool) reaches the model as a note saying why."""
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+
+    def message(data: str, mime: str = "image/png") -> dict[str, Any]:
+        return {
+            "role": "user",
+            "content": [{"type": "text", "text": "see"}, {"type": "image", "data": data, "mimeType": mime}],
+        }
+
+    handle = await stack.start()
+    refusals = {
+        "not base64!": "its data is not valid base64",
+        f"data:image/png;base64,{pixel}": "its data is a data: URL",
+        "": "its data is empty",
+    }
+    for data, why in refusals.items():
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("prompt", message(data))
+        assert f"An image of the message cannot be sent to a model: {why}" in str(refused.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", message(pixel, "text/plain"))
+    assert "its mimeType 'text/plain' is not an image type" in str(refused.value.cause)
+
+    stack.script({"text": "I cannot see it"}, {"text": "still answering"})
+    await handle.signal("follow_up", message("not base64!"))  # a signal has no caller to refuse
+    await handle.execute_update("wait_for_idle")
+    await handle.execute_update("prompt", message(pixel))
+    idle = await handle.execute_update("wait_for_idle")
+    assert idle["messages"][-1]["content"][0]["text"] == "still answering"
+    first, second = stack.requests()
+    assert first["messages"][-1]["content"][1] == {
+        "type": "text",
+        "text": "[An image was left out: its data is not valid base64.]",
+    }
+    assert second["messages"][-1]["content"][1]["type"] == "image_url"
+    await handle.signal("close")
+
+
 async def test_settings_reach_the_model_and_the_key_stays_out_of_history(stack: Stack) -> None:
     stack.script({"text": "ok"})
     handle = await stack.start(

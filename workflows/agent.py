@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.inputs import (
         InputError,
+        check_images,
         clean_json,
         no_arguments,
         prompt_message,
@@ -623,7 +624,9 @@ class AgentWorkflow:
     @_refusing
     def _validate_prompt(self, *args: Any) -> None:
         self._session.check_accepts_run()
-        prompt_messages(single_argument(args, "prompt"), self._now_ms)
+        # Images are checked here only: the validator does not run on
+        # replay, so a prompt accepted before this check replays as it ran.
+        check_images(prompt_messages(single_argument(args, "prompt"), self._now_ms))
 
     @workflow.update(name="continue")
     async def continue_(self, *args: Any) -> PromptResult:

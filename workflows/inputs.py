@@ -10,7 +10,10 @@ the encoding of the next activity's input.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +21,14 @@ from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
 from workflows.arguments import MAX_NESTING, nesting_depth
-from workflows.models import AgentMessage, CustomMessage, MessageAdapter, UserMessage, WireModel
+from workflows.models import (
+    AgentMessage,
+    CustomMessage,
+    ImageContent,
+    MessageAdapter,
+    UserMessage,
+    WireModel,
+)
 
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 """The largest message a prompt, steer or follow-up may carry (Temporal's
@@ -109,6 +119,37 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
         f"A message with role `{getattr(message, 'role', '?')}` cannot be sent: "
         'send text or a user message ({"role": "user", ...}).'
     )
+
+
+_IMAGE_TYPE = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9.+-]*")
+
+
+def image_problem(image: ImageContent) -> str | None:
+    """Why a model would refuse ``image`` (and every later call with it in
+    the context), or None: its ``mimeType`` must be an image type and its
+    ``data`` the image's bytes in base64."""
+    if not _IMAGE_TYPE.fullmatch(image.mime_type):
+        return f"its mimeType {image.mime_type[:80]!r} is not an image type (e.g. image/png)"
+    if image.data.startswith("data:"):
+        return "its data is a data: URL; send the base64 after the comma alone"
+    try:
+        decoded = base64.b64decode(image.data, validate=True)
+    except (binascii.Error, ValueError):
+        return "its data is not valid base64"
+    if not decoded:
+        return "its data is empty"
+    return None
+
+
+def check_images(messages: list[AgentMessage]) -> None:
+    """Refuse (``InputError``) messages with an image a model would refuse."""
+    for message in messages:
+        if isinstance(message, UserMessage) and not isinstance(message.content, str):
+            for block in message.content:
+                if isinstance(block, ImageContent):
+                    problem = image_problem(block)
+                    if problem is not None:
+                        raise InputError(f"An image of the message cannot be sent to a model: {problem}.")
 
 
 def clean_text(text: str) -> str:
