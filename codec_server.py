@@ -227,8 +227,6 @@ def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
 def _decode_refusal(index: int, payload: Payload, err: Exception) -> Refused:
     """Why payload ``index`` could not be decoded, as one sentence."""
     encoding = payload.metadata.get("encoding", b"").decode(errors="replace")
-    if _is_missing_s3_object(err):  # a file store's missing payload comes back refused, with its sentence
-        return Refused(422, f"Payload {index} refers to a stored payload that is gone: {_reason(err)}.")
     if isinstance(err, zlib.error | DecodeError):
         return Refused(422, f"Payload {index} is marked {encoding} but its data does not decompress.")
     if isinstance(err, RuntimeError) and "TMPRL1105" in str(err):
@@ -247,13 +245,6 @@ def _decode_refusal(index: int, payload: Payload, err: Exception) -> Refused:
             "start it with the worker's AGENT_STORAGE settings.",
         )
     return Refused(502, f"Payload {index} could not be fetched from the payload store: {_reason(err)}.")
-
-
-def _is_missing_s3_object(err: Exception) -> bool:
-    """The SDK's S3 driver wraps a missing object's 404 in a RuntimeError."""
-    response = getattr(err.__cause__, "response", None)
-    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
-    return code in ("NoSuchKey", "404")
 
 
 def _reason(err: BaseException) -> str:

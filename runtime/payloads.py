@@ -139,6 +139,54 @@ def _namespace_dir(namespace: str) -> str:
     return "%2E" + segment[1:] if segment.startswith(".") else segment
 
 
+class RefusingS3StorageDriver(S3StorageDriver):
+    """The SDK's S3 driver, refusing what the file store refuses: a
+    reference to an object that is gone, to another bucket than this
+    deployment's, or whose content does not match its hash comes back as a
+    refused payload saying why (a signal carrying it is dropped, an update
+    or a start input refused), where the SDK's driver raised and so failed
+    every workflow task of the conversation. A reference to another bucket
+    is not fetched at all: the workers' credentials read only their own.
+    Other errors (S3 unreachable, access denied) still raise: the task is
+    retried until S3 answers."""
+
+    def __init__(self, client: S3StorageDriverClient, bucket: str) -> None:
+        super().__init__(client=client, bucket=bucket)
+        self._own_bucket = bucket
+
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        return list(await asyncio.gather(*(self._retrieve_one(context, claim) for claim in claims)))
+
+    async def _retrieve_one(
+        self, context: StorageDriverRetrieveContext, claim: StorageDriverClaim
+    ) -> Payload:
+        bucket, key = claim.claim_data.get("bucket"), claim.claim_data.get("key")
+        if bucket != self._own_bucket or not key:
+            claimed = str(dict(claim.claim_data))[:120]
+            return refused_payload(f"refers to a stored payload outside this deployment's bucket ({claimed})")
+        try:
+            [payload] = await super().retrieve(context, [claim])
+        except (ValueError, DecodeError) as err:  # no content hash, another hash, or no payload
+            return refused_payload(f"refers to a stored payload that does not match its reference: {err}")
+        except RuntimeError as err:
+            if not is_missing_s3_object(err):
+                raise
+            return refused_payload(
+                f"refers to a stored payload that is gone: s3://{bucket}/{key} is missing: restore it, "
+                "or point AGENT_STORAGE at the payload store this workflow was written with"
+            )
+        return payload
+
+
+def is_missing_s3_object(err: BaseException) -> bool:
+    """The SDK's S3 driver wraps a missing object's 404 in a RuntimeError."""
+    response = getattr(err.__cause__, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code in ("NoSuchKey", "404")
+
+
 class _PrefixedS3Client(S3StorageDriverClient):
     """The SDK's aioboto3 adapter on a fresh aioboto3 client per call, with keys under ``prefix``.
 
@@ -209,7 +257,7 @@ def external_storage(settings: Settings) -> ExternalStorage | None:
     driver: StorageDriver
     if settings.storage.startswith("s3://"):
         client, bucket = s3_client(settings.storage, settings)
-        driver = S3StorageDriver(client=client, bucket=bucket)
+        driver = RefusingS3StorageDriver(client=client, bucket=bucket)
     else:
         driver = FileSystemStorageDriver(settings.storage_dir)
     return ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage_threshold)

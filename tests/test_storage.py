@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from google.protobuf import json_format
 from temporalio import activity, workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.api.sdk.v1 import ExternalStorageReference
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.common import RetryPolicy
 from temporalio.contrib.aws.s3driver import S3StorageDriver
@@ -213,6 +216,50 @@ async def test_s3_storage_keeps_payloads_under_the_prefix(
     [key] = objects
     assert key.startswith("/bucket/some/prefix/v0/d/sha256/")
     assert encoded.ByteSize() < 400
+    assert await converter.decode([encoded], [str]) == [BIG]
+
+
+@needs_s3_extra
+async def test_s3_references_the_store_cannot_honour_are_refused_not_raised(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    """As the file store's: a raise here failed every workflow task of the
+    conversation whose signal, update or start input carried the reference.
+    A reference to another bucket is not even fetched."""
+    url, objects = fake_s3
+    for name, value in {
+        "AGENT_STORAGE": "s3://bucket/prefix",
+        "AGENT_STORAGE_THRESHOLD_BYTES": str(THRESHOLD),
+        "AWS_ENDPOINT_URL": url,
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }.items():
+        monkeypatch.setenv(name, value)
+    converter = data_converter_from_env()
+    [encoded] = await converter.encode([BIG])
+    [key] = objects
+    stored = objects[key]
+
+    async def refusal(reference: Payload) -> str:
+        with pytest.raises(ApplicationError) as refused:
+            await converter.decode([reference], [str])
+        assert refused.value.type == "PayloadRefused" and refused.value.non_retryable
+        return str(refused.value)
+
+    def with_claim(**changes: str) -> Payload:
+        assert encoded.metadata["encoding"] == b"json/protobuf"
+        reference = json_format.Parse(encoded.data, ExternalStorageReference())
+        for field, value in changes.items():
+            reference.claim_data[field] = value
+        return Payload(metadata=dict(encoded.metadata), data=json_format.MessageToJson(reference).encode())
+
+    objects["/elsewhere" + key.removeprefix("/bucket")] = stored
+    assert "outside this deployment's bucket" in await refusal(with_claim(bucket="elsewhere"))
+    assert "does not match its reference" in await refusal(with_claim(hash_value="0" * 64))
+    objects.clear()
+    assert "refers to a stored payload that is gone: s3://bucket/" in await refusal(encoded)
+    objects[key] = stored
     assert await converter.decode([encoded], [str]) == [BIG]
 
 
