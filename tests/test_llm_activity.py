@@ -4,6 +4,7 @@ it), and a worker without an API key says so on the call."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -20,7 +21,7 @@ from activities.openai_chat import (
     usage_from_openai,
 )
 from workflows.contract import LlmRequest
-from workflows.models import AssistantMessage, ThinkingContent, UserMessage
+from workflows.models import AssistantMessage, ImageContent, ThinkingContent, UserMessage
 
 REQUEST = LlmRequest(model="m", messages=[UserMessage(content="hi", timestamp=0)], turn=1)
 
@@ -229,3 +230,26 @@ def test_usage_takes_only_token_counts() -> None:
         == 0
     )
     assert usage_from_openai("m", ["not", "an", "object"]).total_tokens == 0  # type: ignore[arg-type]
+
+
+def test_an_image_goes_to_the_model_as_clean_base64_or_as_a_note() -> None:
+    """Line breaks (base64.encodebytes) and missing padding are taken and
+    sent without them; what no model would read goes as a note instead, so
+    the call (and every later one) is not refused for it."""
+    png = bytes(range(100))
+    wrapped = base64.encodebytes(png).decode()  # a line break every 76 characters
+    images = [
+        ImageContent(data=wrapped, mime_type="image/png"),
+        ImageContent(data=base64.b64encode(png).decode().rstrip("="), mime_type="image/png"),
+        ImageContent(data="not base64!", mime_type="image/png"),
+        ImageContent(data=wrapped, mime_type="application/pdf"),
+    ]
+    [message] = to_openai_messages(None, [UserMessage(content=images, timestamp=0)])
+    clean = f"data:image/png;base64,{base64.b64encode(png).decode()}"
+    assert message["content"][0] == {"type": "image_url", "image_url": {"url": clean}}
+    assert message["content"][1] == {"type": "image_url", "image_url": {"url": clean}}
+    assert message["content"][2] == {
+        "type": "text",
+        "text": "[An image was left out: its data is not valid base64.]",
+    }
+    assert message["content"][3]["text"].startswith("[An image was left out: its mimeType 'application/pdf'")

@@ -127,18 +127,25 @@ _IMAGE_TYPE = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9.+-]*")
 def image_problem(image: ImageContent) -> str | None:
     """Why a model would refuse ``image`` (and every later call with it in
     the context), or None: its ``mimeType`` must be an image type and its
-    ``data`` the image's bytes in base64."""
+    ``data`` the image's bytes in base64 (line breaks and missing padding
+    are taken: ``image_base64`` sends it without them)."""
     if not _IMAGE_TYPE.fullmatch(image.mime_type):
         return f"its mimeType {image.mime_type[:80]!r} is not an image type (e.g. image/png)"
     if image.data.startswith("data:"):
         return "its data is a data: URL; send the base64 after the comma alone"
     try:
-        decoded = base64.b64decode(image.data, validate=True)
+        decoded = base64.b64decode(image_base64(image), validate=True)
     except (binascii.Error, ValueError):
         return "its data is not valid base64"
     if not decoded:
         return "its data is empty"
     return None
+
+
+def image_base64(image: ImageContent) -> str:
+    """The image's base64 without whitespace, padded (as a model reads it)."""
+    data = "".join(image.data.split())
+    return data + "=" * (-len(data) % 4)
 
 
 def check_images(messages: list[AgentMessage]) -> None:
