@@ -32,6 +32,29 @@ BATCH = {
 }
 
 
+async def test_the_ui_details_name_ten_waiting_calls_and_count_the_rest(stack: Stack) -> None:
+    """The "current details" go with every workflow task: listing each of
+    hundreds of waiting calls with long ids made them megabytes, rebuilt at
+    every call's start and end."""
+    ids = [f"g{i}-" + "x" * 300 for i in range(25)]
+    stack.script({"tool_calls": [call(i, "guarded_echo", text="t") for i in ids]}, {"text": "done"})
+    handle = await stack.start(prompt="ask")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request", count=25)
+    log.close()
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    details = metadata.current_details
+    assert details.count("waiting for approval of `guarded_echo`") == 10
+    assert "and 15 more calls waiting for approval" in details
+    assert ids[0][:79] + "…" in details and ids[0] not in details
+    assert len(details) < 6_000
+    state = await handle.query("state")
+    assert len(state["pendingApprovals"]) == 25  # the query lists them all
+    await handle.signal("abort")
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+
+
 async def test_calls_wait_for_a_decision_while_the_rest_of_the_batch_runs(stack: Stack) -> None:
     stack.script(BATCH, {"text": "done"})
     handle = await stack.start(prompt="ask")

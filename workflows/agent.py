@@ -13,6 +13,7 @@ bound in by ``workflows/bindings.py`` when the worker is built.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -136,6 +137,17 @@ ABORT_OVER_STOP_PATCH = "abort-over-stop"
 # 1 ms timer between them); before this patch all in one, which past
 # ~10,000 calls outlasted the SDK's 2 s deadlock check on every attempt.
 TOOL_BATCH_IN_PARTS_PATCH = "tool-batch-in-parts"
+
+
+DETAILS_ITEMS = 10
+"""The running tools and the calls waiting for approval the UI's "current
+details" name (the rest are counted): the text goes with every workflow
+task, and a batch of thousands of calls with long ids would make it
+megabytes, rebuilt at each call's start and end."""
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _keys(model: type[SessionSettings]) -> frozenset[str]:
@@ -888,11 +900,19 @@ class AgentWorkflow:
             lines.append("streaming the model's answer")
         running = self._calls.running_tools()
         if running:
-            lines.append(f"running tools: {', '.join(running)}")
-        for approval in session.approvals.values():
+            shown = ", ".join(_cut(name, 80) for name in running[:DETAILS_ITEMS])
+            more = f" and {len(running) - DETAILS_ITEMS} more" if len(running) > DETAILS_ITEMS else ""
+            lines.append(f"running tools: {shown}{more}")
+        for approval in itertools.islice(session.approvals.values(), DETAILS_ITEMS):
             lines.append(
-                f"waiting for approval of `{approval.tool_name}` (call {approval.tool_call_id}): "
-                f"{approval.reason}. Decide with update approve_tool."
+                f"waiting for approval of `{_cut(approval.tool_name, 80)}` "
+                f"(call {_cut(approval.tool_call_id, 80)}): {_cut(approval.reason, 300)}. "
+                "Decide with update approve_tool."
+            )
+        if len(session.approvals) > DETAILS_ITEMS:
+            lines.append(
+                f"and {len(session.approvals) - DETAILS_ITEMS} more calls waiting for approval "
+                "(the `state` query's pendingApprovals lists them all)"
             )
         workflow.set_current_details("\n\n".join(lines))
 
