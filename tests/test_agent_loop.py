@@ -386,8 +386,9 @@ async def test_an_abort_during_the_last_turns_tools_still_ends_the_run_aborted()
 async def test_a_long_batch_is_worked_on_in_parts_with_the_same_events(mode: str) -> None:
     """The workflow ends its task between parts of a batch of thousands of
     calls (one task past ~10,000 outlasted the SDK's deadlock check). The
-    pauses come after every TOOL_CALLS_PER_PART starts and results, and
-    change nothing else: the events are those of a loop that never pauses."""
+    pauses come after every TOOL_CALLS_PER_PART preparations, starts and
+    results, and change nothing else: the events are those of a loop that
+    never pauses."""
     n = 2 * TOOL_CALLS_PER_PART + 7
     answer = calls(
         *[(f"c{i}", "echo", {"text": str(i)}) for i in range(n)],
@@ -420,8 +421,10 @@ async def test_a_long_batch_is_worked_on_in_parts_with_the_same_events(mode: str
     part = TOOL_CALLS_PER_PART
     if mode == "sequential":  # each call starts and gets its result before the next
         assert counts == [(part, part + 1), (2 * part, 2 * part + 1)]  # and the call's assistant message
-    else:  # every call starts first, then the results land in source order
+    elif mode == "length":  # every call is refused, then the results land in source order
         assert counts == [(part, 1), (2 * part, 1), (n, part + 1), (n, 2 * part + 1)]
+    else:  # every call is prepared, then started, then the results land in source order
+        assert counts == [(part, 1), (2 * part, 1), (n, 1), (n, 1), (n, part + 1), (n, 2 * part + 1)]
 
 
 async def test_a_hook_raising_cancelled_error_is_a_hook_failure_not_the_end_of_the_conversation() -> None:

@@ -224,6 +224,7 @@ class AgentWorkflow:
         self._calls = ActivityCalls(self._session, self._stream, self._now_ms, self._versions)
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go
+        self._calls_counted: tuple[AgentMessage, int] | None = None
         self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
         self._counters_published_at: datetime | None = None  # this run's last counters upsert
@@ -521,9 +522,25 @@ class AgentWorkflow:
         if batch is None or self._calls.running_tools() or self._switching:
             return False
         message = session.messages[batch.message_index]
-        calls = message.tool_calls if isinstance(message, AssistantMessage) else []
-        settled = all(c.id in batch.outcomes or c.id in batch.waiting for c in calls)
+        if self._versions.current:
+            # Asked by every waiting call's condition, each time conditions
+            # are checked: going through the calls made that grow with the
+            # square (2 s, the SDK's deadlock check, at ~1,200 waiting
+            # calls). A call is waiting, then neither (running), then has
+            # an outcome, never two at once; so the batch is settled when
+            # the two counts add up to its calls.
+            settled = len(batch.outcomes) + len(batch.waiting) >= self._calls_in(message)
+        else:  # a run started before: its conditions as they were recorded
+            calls = message.tool_calls if isinstance(message, AssistantMessage) else []
+            settled = all(c.id in batch.outcomes or c.id in batch.waiting for c in calls)
         return settled and self._continue_as_new_due(in_batch=not self._resumed_batch)
+
+    def _calls_in(self, message: AgentMessage) -> int:
+        """How many distinct tool calls ``message`` has (kept for the last one asked)."""
+        if self._calls_counted is None or self._calls_counted[0] is not message:
+            calls = message.tool_calls if isinstance(message, AssistantMessage) else []
+            self._calls_counted = (message, len({c.id for c in calls}))
+        return self._calls_counted[1]
 
     # --- events -------------------------------------------------------------------------
 

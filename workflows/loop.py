@@ -346,16 +346,7 @@ async def execute_tool_calls(
             else:
                 waiting = _waiting_call(context, call, batch)
                 preparations.append(waiting or await prepare_tool_call(context, config, message, call))
-        outcomes = list(
-            await asyncio.gather(
-                *(
-                    _ready(p)
-                    if isinstance(p, ToolOutcome)
-                    else execute_prepared_tool_call(context, config, message, p)
-                    for p in preparations
-                )
-            )
-        )
+        outcomes = await _execute_in_parts(context, config, message, preparations)
         # Ends arrived in completion order; results land in source order.
         results = await _add_tool_results(context, config, calls, outcomes)
     run.batch = None
@@ -499,6 +490,33 @@ async def _pause_every_part(config: LoopConfig, index: int) -> None:
         pause = config.pause_between_parts()
         if pause is not None:
             await pause
+
+
+async def _execute_in_parts(
+    context: AgentContext,
+    config: LoopConfig,
+    message: AssistantMessage,
+    preparations: list[PreparedToolCall | ToolOutcome],
+) -> list[ToolOutcome]:
+    """Run the batch's prepared calls concurrently (pi's parallel mode),
+    started in source order with the host's pause after each part: starting
+    a call (its approval request, its activity) is work too."""
+    tasks: list[asyncio.Future[ToolOutcome]] = []
+    try:
+        for index, prepared in enumerate(preparations):
+            await _pause_every_part(config, index)
+            tasks.append(
+                asyncio.ensure_future(
+                    _ready(prepared)
+                    if isinstance(prepared, ToolOutcome)
+                    else execute_prepared_tool_call(context, config, message, prepared)
+                )
+            )
+    except BaseException:  # cancelled during a pause: the started calls go too, as gather's would
+        for task in tasks:
+            task.cancel()
+        raise
+    return list(await asyncio.gather(*tasks))
 
 
 async def _add_tool_results(

@@ -63,5 +63,12 @@ class Versions:
                 self._implied = patches
                 return
 
+    @property
+    def current(self) -> bool:
+        """The run was started by this version (it recorded ``CURRENT``): a
+        path only it takes needs no patch id of its own, and asking this
+        records nothing (safe where a command may not be made)."""
+        return self._current
+
     def has(self, patch_id: str) -> bool:
         return self._current or patch_id in self._implied or workflow.patched(patch_id)
