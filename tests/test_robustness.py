@@ -362,6 +362,32 @@ async def test_an_answer_with_more_tool_calls_than_allowed_ends_the_run_and_the_
     await handle.signal("close")
 
 
+async def test_three_thousand_calls_waiting_for_approval_at_once_do_not_wedge_it(stack: Stack) -> None:
+    """Each waiting call's condition went through the whole batch, and all
+    the calls started in one workflow task: from ~1,200 waiting calls on
+    (machines differ) the SDK's 2 s deadlock check failed it on every
+    attempt (the history guard fails this test on any WorkflowTaskFailed).
+    An abort then answers them all."""
+    calls = [call(f"g{i}", "guarded_echo", text=str(i)) for i in range(3000)]
+    stack.script({"tool_calls": calls, "chunk_chars": 4000})
+    handle = await stack.start(prompt="ask for everything")
+    for _ in range(600):
+        state = await handle.query("state")
+        if len(state["pendingApprovals"]) == 3000:
+            break
+        await asyncio.sleep(0.1)
+    assert state["status"] == "awaiting-approval" and len(state["pendingApprovals"]) == 3000
+    await handle.execute_update("approve_tool", {"toolCallId": "g7", "approved": True})
+    await handle.signal("abort")
+    idle = await asyncio.wait_for(wait_for_idle(handle), 120)
+    assert idle["stopReason"] == "aborted"
+    results = {m["toolCallId"]: m for m in idle["messages"] if m["role"] == "toolResult"}
+    assert len(results) == 3000 and not results["g7"]["isError"]
+    assert results["g8"]["content"][0]["text"] == "Tool execution aborted while waiting for approval."
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
 async def test_megabytes_of_tool_arguments_in_one_answer_are_scheduled_in_parts(stack: Stack) -> None:
     """60 calls of 150 KiB of (incompressible) arguments each, ~9 MB:
     scheduled at once they made a workflow task completion past gRPC's 4 MB,
