@@ -388,6 +388,31 @@ async def test_three_thousand_calls_waiting_for_approval_at_once_do_not_wedge_it
     await handle.signal("close")
 
 
+async def test_fifteen_hundred_waiting_calls_continue_as_new_together(stack: Stack) -> None:
+    """Continue-as-new falls due while every call of a batch waits for a
+    person: every waiting call woke for it and built the carry, which at
+    ~600 calls outlasted the SDK's deadlock check on every attempt. The
+    first one now carries the batch; the next run waits on."""
+    calls = [call(f"g{i}", "guarded_echo", text=str(i)) for i in range(1500)]
+    stack.script({"tool_calls": calls, "chunk_chars": 4000})
+    handle = await stack.start(prompt="ask", continueAsNewAfterTurns=1)
+    first_run = handle.first_execution_run_id
+    for _ in range(600):
+        described = await handle.describe()
+        if described.run_id != first_run:
+            state = await handle.query("state")
+            if len(state["pendingApprovals"]) == 1500:
+                break
+        await asyncio.sleep(0.1)
+    assert described.run_id != first_run and len(state["pendingApprovals"]) == 1500
+    await handle.signal("abort")
+    idle = await asyncio.wait_for(wait_for_idle(handle), 120)
+    results = [m for m in idle["messages"] if m["role"] == "toolResult"]
+    assert idle["stopReason"] == "aborted" and len(results) == 1500
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
 async def test_megabytes_of_tool_arguments_in_one_answer_are_scheduled_in_parts(stack: Stack) -> None:
     """60 calls of 150 KiB of (incompressible) arguments each, ~9 MB:
     scheduled at once they made a workflow task completion past gRPC's 4 MB,

@@ -484,6 +484,11 @@ class AgentWorkflow:
                 )
                 if call.id in session.decisions or session.abort_requested:
                     break
+                if self._switching:
+                    # Every waiting call woke for the switch at once; the first
+                    # one carries the batch over (building the carry once per
+                    # waiting call outlasted the deadlock check at ~600).
+                    await workflow.wait_condition(lambda: False)
                 await self._continue_as_new()  # never returns
         except TimeoutError:
             self._record_approval(call.name, "timeout", waiting)
