@@ -547,6 +547,15 @@ MAX_RETRIES = 15
 # A query answers from the worker's cache at once; one that takes longer
 # (no worker, a replay elsewhere) gives way to the long poll, which waits.
 _QUERY_TIMEOUT = timedelta(seconds=5)
+# Temporal takes at most 2,000 updates in one workflow run, and a run cannot
+# continue as new in the middle of a tool batch: a reader that follows a
+# batch of thousands of calls, reading each tool's events by update as they
+# come, used them all up in about a minute (after which the conversation
+# refused every update). So a reader that has sent this many updates to one
+# run waits at least so many seconds between reads (the read after a wait is
+# a query, no update), whatever the reads brought: (updates, seconds),
+# highest first. The end of a run still comes at once (RUN_END_UPDATE).
+READ_PACING: tuple[tuple[int, float], ...] = ((1500, 30.0), (1000, 5.0), (500, 1.0))
 _ENDED = (
     WorkflowExecutionStatus.COMPLETED,
     WorkflowExecutionStatus.FAILED,
@@ -682,6 +691,8 @@ class _EventReader:
         self._run_end_wanted = True  # one wait per run (again once one was released for continue-as-new)
         self._converter = client.data_converter.payload_converter
         self.offset = offset  # the next offset to yield
+        self._run_id: str | None = None  # the run the last update went to
+        self.updates_in_run = 0  # updates this reader sent to that run
 
     async def items(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         interval = PollInterval(self._cooldown_ms)
@@ -706,7 +717,7 @@ class _EventReader:
                     continue  # a backlog: read on at once, the same way
                 if self._ended is not None:
                     return
-                wait = interval.next_wait()
+                wait = max(interval.next_wait(), 0.0 if run_ended else self._least_wait())
                 # After a run's end the conversation may complete: a query would
                 # then replay its history on a worker; the long poll learns it
                 # from the server.
@@ -716,6 +727,15 @@ class _EventReader:
         finally:
             if self._run_end is not None:
                 self._run_end.cancel()
+
+    def _least_wait(self) -> float:
+        """The least wait before the next read, for the updates sent to this run (``READ_PACING``)."""
+        return next((seconds for updates, seconds in READ_PACING if self.updates_in_run >= updates), 0.0)
+
+    def _sent_update(self, run_id: str | None) -> None:
+        if run_id != self._run_id:
+            self._run_id, self.updates_in_run = run_id, 0
+        self.updates_in_run += 1
 
     async def _cool_down(self, seconds: float, run_ended: bool) -> None:
         """Wait ``seconds`` before the next read, or less when the run ends
@@ -747,6 +767,7 @@ class _EventReader:
                 wait_for_stage=WorkflowUpdateStage.ACCEPTED,
                 result_type=int | None,  # type: ignore[arg-type]
             )
+            self._sent_update(update.workflow_run_id)
             end: int | None = await update.result()
         except asyncio.CancelledError:
             raise
@@ -783,6 +804,7 @@ class _EventReader:
                 POLL_UPDATE, self._poll(), wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=PollResult
             )
             polled_run_id = update.workflow_run_id
+            self._sent_update(polled_run_id)
             return await update.result()
         except (WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
             if isinstance(err, WorkflowUpdateFailedError):
@@ -818,6 +840,7 @@ class _EventReader:
                     wait_for_stage=WorkflowUpdateStage.ACCEPTED,
                     result_type=PollResult,
                 )
+                self._sent_update(update.workflow_run_id)
                 await update.result()
 
         task = asyncio.get_running_loop().create_task(acknowledge())

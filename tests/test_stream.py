@@ -222,6 +222,31 @@ async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_work
     assert "TIMER_FIRED" not in events
 
 
+@pytest.mark.parametrize("pacing", [(), ((15, 0.5),)], ids=["unpaced", "paced"])
+async def test_a_reader_that_sent_many_updates_to_a_run_reads_by_query(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, pacing: tuple[tuple[int, float], ...]
+) -> None:
+    """Temporal takes 2,000 updates per run, and a tool batch cannot continue
+    as new: a reader that read each tool's events by update as they came
+    used them all up on a batch of thousands of calls, and then every update
+    to the conversation was refused. Past READ_PACING's count (15 here, 500
+    by default) it waits between reads, and reads after a wait by query."""
+    monkeypatch.setattr(client, "READ_PACING", pacing)
+    calls = [
+        {"id": f"s{i}", "name": "echo", "arguments": {"text": str(i), "delay": 0.02}} for i in range(100)
+    ]
+    stack.script({"tool_calls": calls}, {"text": "all done"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True, toolExecution="sequential")
+    seen = [data async for _, data in follow(stack.client, handle.id)]
+    assert seen[-1]["type"] == "agent_end" and seen == await follow_all(stack, handle.id)
+    assert sum(e["type"] == "tool_execution_end" for e in seen) == 100
+    updates = kinds(await handle.fetch_history()).count("WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
+    if pacing:
+        assert updates < 30, updates
+    else:  # the reads the pacing spares: one or more per call
+        assert updates > 90, updates
+
+
 async def test_the_end_of_a_run_cuts_a_cooldown_short(stack: Stack) -> None:
     # An answer streaming for under a second, read with a 5 s cooldown: the
     # subscriber is in its first cooldown when the run ends, and reads the
