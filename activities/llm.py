@@ -42,6 +42,7 @@ from activities.openai_chat import (
 from activities.redact import scrub
 from activities.tools import ToolSpec, registered_tools
 from workflows.contract import LlmRequest, LlmResult
+from workflows.hooks import is_user_failure
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -184,7 +185,9 @@ class LlmActivities:
             if self._transform_context is not None:
                 messages = await _maybe_await(self._transform_context(messages))
             messages = await _maybe_await(self._convert_to_llm(messages))
-        except Exception as err:
+        except BaseException as err:
+            if isinstance(err, asyncio.CancelledError) or not is_user_failure(err):
+                raise
             # User code: a failure ends the run with an error message (SPEC §8),
             # never a retry loop.
             raise ApplicationError(

@@ -456,6 +456,49 @@ async def test_a_hook_raising_cancelled_error_is_a_hook_failure_not_the_end_of_t
     assert messages[-1].error_message == "should_stop_after_turn failed: CancelledError"
 
 
+class OwnBaseError(BaseException):
+    """A user's own BaseException (not an Exception)."""
+
+
+@pytest.mark.parametrize(
+    ("raised", "text"),
+    [
+        (SystemExit(3), "SystemExit: 3"),
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (GeneratorExit("closed"), "GeneratorExit: closed"),
+        (OwnBaseError("mine"), "OwnBaseError: mine"),
+    ],
+    ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit", "own"],
+)
+async def test_a_hook_raising_any_base_exception_is_a_hook_failure(raised: BaseException, text: str) -> None:
+    """Past every `except Exception`: a BaseException of the user's own or a
+    GeneratorExit left the run hanging for good, and SystemExit or
+    KeyboardInterrupt stopped the worker process (and the next one)."""
+
+    class Raising(AgentHooks):
+        async def before_tool_call(self, context: ToolCallContext) -> None:
+            if context.tool_call.id == "b":
+                raise raised
+
+        def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> None:
+            if context.tool_call.id == "a":
+                raise raised
+
+        def should_stop_after_turn(self, context: TurnContext) -> bool:
+            if context.message.text == "stop?":
+                raise raised
+            return False
+
+    fake = agent(calls(("a", "echo", {"text": "1"}), ("b", "echo", {"text": "2"})), say("stop?"))
+    fake.hooks = Raising()
+    messages = await run(fake)
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["a"].is_error and results["a"].content[0].text == text
+    assert results["b"].is_error and results["b"].content[0].text == text
+    assert messages[-1].stop_reason == "error"
+    assert messages[-1].error_message == f"should_stop_after_turn failed: {text}"
+
+
 async def test_cancelling_the_loop_while_a_hook_waits_still_cancels_it() -> None:
     """The workflow's own cancellation (Temporal's cancel request cancels its
     task) is not taken for the hook's failure: it goes on up."""

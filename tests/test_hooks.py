@@ -102,6 +102,35 @@ async def test_a_hook_raising_cancelled_error_gives_an_error_result_and_the_run_
     assert result.messages[-1].text == "ok"
 
 
+async def test_a_hook_or_tool_calling_sys_exit_gives_an_error_result_and_the_worker_goes_on(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """SystemExit is no Exception: raised by a hook (workflow code) or a
+    tool (an activity), it went up and stopped the worker process, and the
+    next worker to take the task after it."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("x1", "sequential_echo", text="exit-before"),
+                    call("x2", "exits", code=7),
+                ]
+            },
+            {"text": "still here"},
+        ],
+    )
+    result = await run_guarded(client, model, "go")
+    by_id = {m.tool_call_id: m for m in result.messages if m.role == "toolResult"}
+    assert by_id["x1"].is_error and by_id["x1"].content[0].text == "SystemExit: 4"
+    assert by_id["x2"].is_error and by_id["x2"].content[0].text == "SystemExit: 7"
+    assert result.messages[-1].text == "still here"
+    # The same worker answers the next conversation.
+    model_server.script(model, [{"text": "next"}])
+    assert (await run_guarded(client, model, "again")).messages[-1].text == "next"
+
+
 async def test_should_stop_after_turn_hook_ends_the_run(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:

@@ -253,3 +253,17 @@ def test_an_image_goes_to_the_model_as_clean_base64_or_as_a_note() -> None:
         "text": "[An image was left out: its data is not valid base64.]",
     }
     assert message["content"][3]["text"].startswith("[An image was left out: its mimeType 'application/pdf'")
+
+
+async def test_a_context_transform_calling_sys_exit_fails_the_call_not_the_worker() -> None:
+    """SystemExit is no Exception: going up from the activity it stopped the
+    worker process. It ends the run with the transform's failure instead."""
+
+    def leaving(messages: list[Any]) -> list[Any]:
+        raise SystemExit(2)
+
+    llm = LlmActivities(api_key="k", base_url="http://127.0.0.1:9/v1", transform_context=leaving)
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(llm.stream_assistant_response, REQUEST)
+    assert raised.value.type == "ContextHookFailed" and raised.value.non_retryable
+    assert "The context transform failed: SystemExit: 2" in str(raised.value)

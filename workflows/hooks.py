@@ -12,10 +12,13 @@ A hook that raises never wedges a conversation: a failing
 ``before_tool_call`` or ``after_tool_call`` becomes the call's error result
 (carrying the exception's message), a failing ``should_stop_after_turn``
 ends the run with an assistant message whose ``stopReason`` is ``error``.
+That holds for anything a hook raises (``is_user_failure``), not only an
+``Exception``: ``SystemExit`` or a ``BaseException`` of its own too.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,3 +114,30 @@ __all__ = [
     "ToolResultOverride",
     "TurnContext",
 ]
+
+
+def is_user_failure(err: BaseException) -> bool:
+    """Whether ``err``, raised out of user code (a hook, a shim, a tool, a
+    context transform), is that code's own failure, to be contained, rather
+    than control flow that must go on up. Any ``Exception`` is; so are
+    ``SystemExit``, ``KeyboardInterrupt`` (going up, they stopped the worker
+    process) and a ``BaseException`` of the user's own (it went past every
+    handler and left the run hanging). Not:
+
+    - an ``asyncio.CancelledError`` while this task is being cancelled (the
+      workflow's cancellation, an activity's cancel): one a hook raises
+      itself, or lets escape from its own awaits, is its failure;
+    - a ``GeneratorExit`` outside a running task (a coroutine being closed);
+    - the SDK's own control flow (continue-as-new, eviction, the deadlock
+      check's interruption), all ``BaseException`` of ``temporalio``.
+    """
+    if isinstance(err, Exception):
+        return True
+    if isinstance(err, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() == 0
+    if type(err).__module__.partition(".")[0] == "temporalio":
+        return False
+    if isinstance(err, GeneratorExit):
+        return asyncio.current_task() is not None
+    return True

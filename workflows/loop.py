@@ -28,6 +28,7 @@ from workflows.hooks import (
     ToolCallContext,
     ToolResultOverride,
     TurnContext,
+    is_user_failure,
 )
 from workflows.models import (
     AgentEndEvent,
@@ -225,8 +226,8 @@ async def run_loop(
             else:
                 try:
                     stop = await _should_stop_after_turn(context, config, message, tool_results)
-                except (Exception, asyncio.CancelledError) as err:
-                    if not _raised_by_hook(err):
+                except BaseException as err:
+                    if not is_user_failure(err):
                         raise
                     # A hook's failure ends the run, never the conversation.
                     _fail_run(context, config, f"should_stop_after_turn failed: {_error_text(err)}")
@@ -405,8 +406,8 @@ async def _prepare(
         )
     except ToolArgumentsError as err:
         return error_outcome(str(err))
-    except (Exception, asyncio.CancelledError) as err:
-        if not _raised_by_hook(err):
+    except BaseException as err:
+        if not is_user_failure(err):
             raise
         return error_outcome(_error_text(err))  # a shim's or hook's failure is the call's error result
     if isinstance(decision, BlockToolCall):
@@ -478,8 +479,8 @@ async def finalize_executed_tool_call(
             is_error=outcome.is_error if override.is_error is None else bool(override.is_error),
             terminate=outcome.terminate if override.terminate is None else bool(override.terminate),
         )
-    except (Exception, asyncio.CancelledError) as err:
-        if not _raised_by_hook(err):
+    except BaseException as err:
+        if not is_user_failure(err):
             raise
         return error_outcome(_error_text(err))  # a hook's failure becomes the call's error result
 
@@ -619,19 +620,11 @@ def _as_content(content: str | list[UserContent]) -> list[UserContent]:
     return ToolOutcome(content=content).content  # validates each block
 
 
-def _raised_by_hook(err: BaseException) -> bool:
-    """Whether ``err`` is the hook's own failure. An ``asyncio.CancelledError``
-    is one unless this task is being cancelled (the workflow's cancellation,
-    which must go on up): a hook may raise it, or let one from its own
-    awaits escape, and that must not end the conversation."""
-    if not isinstance(err, asyncio.CancelledError):
-        return True
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() == 0
-
-
 def _error_text(err: BaseException) -> str:
-    return str(err) or type(err).__name__
+    text = str(err)
+    if not isinstance(err, Exception | asyncio.CancelledError):  # SystemExit(1) says "1"
+        return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text or type(err).__name__
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:

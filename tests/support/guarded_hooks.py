@@ -20,6 +20,8 @@ class GuardedHooks(AgentHooks):
             raise RuntimeError("before hook failed")
         if context.args.get("text") == "cancel-before":
             raise asyncio.CancelledError("before hook cancelled")
+        if context.args.get("text") == "exit-before":
+            raise SystemExit(4)
         return None
 
     async def after_tool_call(

@@ -61,6 +61,15 @@ async def explode(args: NoArgs) -> str:
     raise RuntimeError("the tool blew up")
 
 
+class ExitArgs(BaseModel):
+    code: int = 1
+
+
+@tool(description="Calls sys.exit, as a command-line library might.")
+async def exits(args: ExitArgs) -> str:
+    raise SystemExit(args.code)
+
+
 @tool(description="Fails quoting the worker's credentials, as a careless library might.")
 async def leaky(args: NoArgs) -> str:
     key = os.environ.get("OPENAI_API_KEY", "")
