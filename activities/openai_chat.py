@@ -13,7 +13,7 @@ import openai
 
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
-from workflows.inputs import clean_json, clean_text, image_base64, image_problem
+from workflows.inputs import clean_json, clean_text, image_base64, image_problem, image_type
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -119,7 +119,10 @@ def _image_part(image: ImageContent) -> dict[str, Any]:
     if problem is not None:
         logger.warning("Sent a note instead of an image the model would refuse: %s", problem)
         return {"type": "text", "text": f"[An image was left out: {problem}.]"}
-    return {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image_base64(image)}"}}
+    return {
+        "type": "image_url",
+        "image_url": {"url": f"data:{image_type(image)};base64,{image_base64(image)}"},
+    }
 
 
 def _assistant_message(message: AssistantMessage) -> dict[str, Any]:

@@ -163,9 +163,13 @@ class RefusingS3StorageDriver(S3StorageDriver):
         self, context: StorageDriverRetrieveContext, claim: StorageDriverClaim
     ) -> Payload:
         bucket, key = claim.claim_data.get("bucket"), claim.claim_data.get("key")
-        if bucket != self._own_bucket or not key:
-            claimed = str(dict(claim.claim_data))[:120]
-            return refused_payload(f"refers to a stored payload outside this deployment's bucket ({claimed})")
+        if bucket != self._own_bucket:
+            return refused_payload(
+                f"refers to a stored payload in bucket {str(bucket)[:80]!r}, not this deployment's "
+                f"({self._own_bucket!r})"
+            )
+        if not key:
+            return refused_payload("refers to a stored payload by no key")
         try:
             [payload] = await super().retrieve(context, [claim])
         except (ValueError, DecodeError) as err:  # no content hash, another hash, or no payload
@@ -173,9 +177,10 @@ class RefusingS3StorageDriver(S3StorageDriver):
         except RuntimeError as err:
             if not is_missing_s3_object(err):
                 raise
+            where = self._client.key_of(key) if isinstance(self._client, _PrefixedS3Client) else key
             return refused_payload(
-                f"refers to a stored payload that is gone: s3://{bucket}/{key} is missing: restore it, "
-                "or point AGENT_STORAGE at the payload store this workflow was written with"
+                f"refers to a stored payload that is gone: s3://{bucket}/{where[:300]} is missing: "
+                "restore it, or point AGENT_STORAGE at the payload store this workflow was written with"
             )
         return payload
 
@@ -214,6 +219,10 @@ class _PrefixedS3Client(S3StorageDriverClient):
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}/{key}" if self._prefix else key
+
+    def key_of(self, key: str) -> str:
+        """The object's key in the bucket for a reference's ``key`` (under the prefix)."""
+        return self._key(key)
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
         async with self._client() as client:

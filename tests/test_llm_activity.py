@@ -243,6 +243,9 @@ def test_an_image_goes_to_the_model_as_clean_base64_or_as_a_note() -> None:
         ImageContent(data=base64.b64encode(png).decode().rstrip("="), mime_type="image/png"),
         ImageContent(data="not base64!", mime_type="image/png"),
         ImageContent(data=wrapped, mime_type="application/pdf"),
+        ImageContent(
+            data=wrapped, mime_type="IMAGE/PNG; charset=binary"
+        ),  # MIME types are not case-sensitive
     ]
     [message] = to_openai_messages(None, [UserMessage(content=images, timestamp=0)])
     clean = f"data:image/png;base64,{base64.b64encode(png).decode()}"
@@ -253,6 +256,7 @@ def test_an_image_goes_to_the_model_as_clean_base64_or_as_a_note() -> None:
         "text": "[An image was left out: its data is not valid base64.]",
     }
     assert message["content"][3]["text"].startswith("[An image was left out: its mimeType 'application/pdf'")
+    assert message["content"][4] == {"type": "image_url", "image_url": {"url": clean}}
 
 
 async def test_a_context_transform_calling_sys_exit_fails_the_call_not_the_worker() -> None:

@@ -255,10 +255,16 @@ async def test_s3_references_the_store_cannot_honour_are_refused_not_raised(
         return Payload(metadata=dict(encoded.metadata), data=json_format.MessageToJson(reference).encode())
 
     objects["/elsewhere" + key.removeprefix("/bucket")] = stored
-    assert "outside this deployment's bucket" in await refusal(with_claim(bucket="elsewhere"))
+    assert "in bucket 'elsewhere', not this deployment's ('bucket')" in await refusal(
+        with_claim(bucket="elsewhere")
+    )
+    assert "refers to a stored payload by no key" in await refusal(with_claim(key=""))
     assert "does not match its reference" in await refusal(with_claim(hash_value="0" * 64))
     objects.clear()
-    assert "refers to a stored payload that is gone: s3://bucket/" in await refusal(encoded)
+    assert (
+        f"refers to a stored payload that is gone: s3://bucket{key.removeprefix('/bucket')} is missing"
+        in (await refusal(encoded))
+    )  # the key under the prefix, as the object is named in the bucket
     objects[key] = stored
     assert await converter.decode([encoded], [str]) == [BIG]
 

@@ -121,7 +121,7 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
     )
 
 
-_IMAGE_TYPE = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9.+-]*")
+_IMAGE_TYPE = re.compile(r"image/[a-z0-9][a-z0-9.+-]*")
 
 
 def image_problem(image: ImageContent) -> str | None:
@@ -129,7 +129,7 @@ def image_problem(image: ImageContent) -> str | None:
     the context), or None: its ``mimeType`` must be an image type and its
     ``data`` the image's bytes in base64 (line breaks and missing padding
     are taken: ``image_base64`` sends it without them)."""
-    if not _IMAGE_TYPE.fullmatch(image.mime_type):
+    if not _IMAGE_TYPE.fullmatch(image_type(image)):
         return f"its mimeType {image.mime_type[:80]!r} is not an image type (e.g. image/png)"
     if image.data.startswith("data:"):
         return "its data is a data: URL; send the base64 after the comma alone"
@@ -140,6 +140,12 @@ def image_problem(image: ImageContent) -> str | None:
     if not decoded:
         return "its data is empty"
     return None
+
+
+def image_type(image: ImageContent) -> str:
+    """The image's media type as a model reads it: lowercase (MIME types are
+    not case-sensitive), without parameters (``image/jpeg; charset=binary``)."""
+    return image.mime_type.partition(";")[0].strip().lower()
 
 
 def image_base64(image: ImageContent) -> str:
