@@ -40,6 +40,7 @@ from codec_server import CodecSettings, build_app, settings_from
 from runtime.payloads import data_converter
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, temporal_cli
+from tests.support.s3 import use_fake_s3
 from tests.support.stack import Stack
 
 COMPRESS_BYTES = 64
@@ -262,13 +263,7 @@ async def test_s3_references_resolve_and_a_missing_object_gets_a_4xx(
     monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
 ) -> None:
     url, objects = fake_s3
-    for name, value in {
-        "AWS_ENDPOINT_URL": url,
-        "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(name, value)
+    use_fake_s3(monkeypatch, url)
     converter = worker_converter(monkeypatch, Path("unused"), storage="s3://bucket/prefix")
     big = payload(hex_text(6000))
     [reference] = await converter.encode([RawValue(big)])

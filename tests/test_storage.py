@@ -45,6 +45,7 @@ from runtime.payloads import (
     external_storage,
 )
 from runtime.settings import Settings
+from tests.support.s3 import use_fake_s3
 
 if TYPE_CHECKING:  # local_stack resolves paths at import, which the workflow sandbox refuses
     from testbed.local_stack import DevServer
@@ -205,10 +206,7 @@ async def test_s3_storage_keeps_payloads_under_the_prefix(
     url, objects = fake_s3
     monkeypatch.setenv("AGENT_STORAGE", "s3://bucket/some/prefix")
     monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(THRESHOLD))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    use_fake_s3(monkeypatch, url)
     converter = data_converter_from_env()
 
     [encoded] = await converter.encode([BIG])
@@ -227,15 +225,9 @@ async def test_s3_references_the_store_cannot_honour_are_refused_not_raised(
     conversation whose signal, update or start input carried the reference.
     A reference to another bucket is not even fetched."""
     url, objects = fake_s3
-    for name, value in {
-        "AGENT_STORAGE": "s3://bucket/prefix",
-        "AGENT_STORAGE_THRESHOLD_BYTES": str(THRESHOLD),
-        "AWS_ENDPOINT_URL": url,
-        "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(name, value)
+    use_fake_s3(monkeypatch, url)
+    monkeypatch.setenv("AGENT_STORAGE", "s3://bucket/prefix")
+    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(THRESHOLD))
     converter = data_converter_from_env()
     [encoded] = await converter.encode([BIG])
     [key] = objects
