@@ -38,7 +38,7 @@ from activities.tools import (
 )
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ToolRequest
-from workflows.hooks import is_user_failure
+from workflows.hooks import failure_text, is_user_failure
 from workflows.models import (
     ImageContent,
     TextContent,
@@ -132,7 +132,7 @@ class ToolActivities:
                     if not is_user_failure(err):
                         raise
                     # SystemExit and the like too: going up, they stopped the worker process.
-                    outcome = _error(_failure_text(err))
+                    outcome = _error(failure_text(err))
                 finally:
                     _current.reset(token)
         _record_tool_metrics(call.name, time.monotonic() - started, outcome.is_error)
@@ -234,14 +234,6 @@ def _as_result_json(partial: Any) -> Any:
     if isinstance(partial, str):
         return {"content": [{"type": "text", "text": partial}], "details": {}}
     return {"content": [], "details": partial}
-
-
-def _failure_text(err: BaseException) -> str:
-    """The exception's message (pi's), with its type where the message alone says little."""
-    text = str(err)
-    if not isinstance(err, Exception):  # SystemExit(1) says "1"
-        return f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return text or type(err).__name__
 
 
 def _error(text: str) -> ToolOutcome:

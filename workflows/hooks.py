@@ -141,3 +141,12 @@ def is_user_failure(err: BaseException) -> bool:
     if isinstance(err, GeneratorExit):
         return asyncio.current_task() is not None
     return True
+
+
+def failure_text(err: BaseException) -> str:
+    """What a failure of user code says: the exception's message (pi's), or
+    its type with it where the message alone says little (``SystemExit: 1``)."""
+    text = str(err)
+    if not isinstance(err, Exception | asyncio.CancelledError):
+        return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text or type(err).__name__

@@ -28,6 +28,7 @@ from workflows.hooks import (
     ToolCallContext,
     ToolResultOverride,
     TurnContext,
+    failure_text,
     is_user_failure,
 )
 from workflows.models import (
@@ -144,9 +145,9 @@ class LoopConfig:
     which ended there as a normal turn."""
     pause_between_parts: Callable[[], Awaitable[None] | None] = lambda: None
     """Awaited (when not None) after every ``TOOL_CALLS_PER_PART`` calls a
-    batch prepares or adds results for: a host whose unit of work has a
-    time limit (a workflow task's 2 s deadlock check) ends it there, so a
-    batch of thousands of calls is worked on in parts."""
+    batch prepares, starts or adds results for: a host whose unit of work
+    has a time limit (a workflow task's 2 s deadlock check) ends it there,
+    so a batch of thousands of calls is worked on in parts."""
 
 
 TOOL_CALLS_PER_PART = 500
@@ -230,7 +231,7 @@ async def run_loop(
                     if not is_user_failure(err):
                         raise
                     # A hook's failure ends the run, never the conversation.
-                    _fail_run(context, config, f"should_stop_after_turn failed: {_error_text(err)}")
+                    _fail_run(context, config, f"should_stop_after_turn failed: {failure_text(err)}")
                     return
             if stop:
                 _end_run(context, config)
@@ -409,7 +410,7 @@ async def _prepare(
     except BaseException as err:
         if not is_user_failure(err):
             raise
-        return error_outcome(_error_text(err))  # a shim's or hook's failure is the call's error result
+        return error_outcome(failure_text(err))  # a shim's or hook's failure is the call's error result
     if isinstance(decision, BlockToolCall):
         return error_outcome(decision.reason or "Tool execution was blocked")
     if decision is not None and not isinstance(decision, RequireApproval):
@@ -482,7 +483,7 @@ async def finalize_executed_tool_call(
     except BaseException as err:
         if not is_user_failure(err):
             raise
-        return error_outcome(_error_text(err))  # a hook's failure becomes the call's error result
+        return error_outcome(failure_text(err))  # a hook's failure becomes the call's error result
 
 
 async def _pause_every_part(config: LoopConfig, index: int) -> None:
@@ -618,13 +619,6 @@ def _as_content(content: str | list[UserContent]) -> list[UserContent]:
     if isinstance(content, str):
         return [TextContent(text=content)]
     return ToolOutcome(content=content).content  # validates each block
-
-
-def _error_text(err: BaseException) -> str:
-    text = str(err)
-    if not isinstance(err, Exception | asyncio.CancelledError):  # SystemExit(1) says "1"
-        return f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return text or type(err).__name__
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:
