@@ -132,10 +132,10 @@ CLOSED_WHEN_IDLE_PATCH = "closed-when-idle"
 # when the turn would have stopped the run anyway (stop_after_turn, maxTurns,
 # a budget); before this patch the run ended there as a normal turn.
 ABORT_OVER_STOP_PATCH = "abort-over-stop"
-# A tool batch of thousands of calls is prepared and its results added in
-# parts of TOOL_CALLS_PER_PART, each part in a workflow task of its own (a
-# 1 ms timer between them); before this patch all in one, which past
-# ~10,000 calls outlasted the SDK's 2 s deadlock check on every attempt.
+# A tool batch of thousands of calls is prepared, started and given its
+# results in parts of TOOL_CALLS_PER_PART, each part in a workflow task of
+# its own (a 1 ms timer between them); before this patch all in one, which
+# past ~10,000 calls outlasted the SDK's 2 s deadlock check on every attempt.
 TOOL_BATCH_IN_PARTS_PATCH = "tool-batch-in-parts"
 
 
