@@ -439,7 +439,9 @@ _TOKENS = SearchAttributeKey.for_int("AgentTotalTokens")
 _COST = SearchAttributeKey.for_float("AgentCost")
 
 
-_LISTED_ENDINGS = {
+# How ``list_conversations`` shows a conversation that ended without closing
+# (keyed by the execution's status, which the server may leave out: None).
+_LISTED_ENDINGS: dict[WorkflowExecutionStatus | None, str | None] = {
     WorkflowExecutionStatus.FAILED: "failed",
     WorkflowExecutionStatus.TERMINATED: "terminated",
     WorkflowExecutionStatus.TIMED_OUT: "timed-out",
@@ -470,9 +472,7 @@ async def list_conversations(
             yield ConversationSummary(
                 id=execution.id,
                 started=execution.start_time,
-                status=_LISTED_ENDINGS.get(execution.status, found.get(_STATUS))
-                if execution.status is not None
-                else found.get(_STATUS),
+                status=_LISTED_ENDINGS.get(execution.status, found.get(_STATUS)),
                 model=found.get(_MODEL),
                 turns=found.get(_TURNS),
                 total_tokens=found.get(_TOKENS),

@@ -153,6 +153,8 @@ class RefusingS3StorageDriver(S3StorageDriver):
     def __init__(self, client: S3StorageDriverClient, bucket: str) -> None:
         super().__init__(client=client, bucket=bucket)
         self._own_bucket = bucket
+        # The object's key as it is in the bucket (under our prefix), for the refusal.
+        self._key_in_bucket = client.key_of if isinstance(client, _PrefixedS3Client) else str
 
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
@@ -175,9 +177,9 @@ class RefusingS3StorageDriver(S3StorageDriver):
         except (ValueError, DecodeError) as err:  # no content hash, another hash, or no payload
             return refused_payload(f"refers to a stored payload that does not match its reference: {err}")
         except RuntimeError as err:
-            if not is_missing_s3_object(err):
+            if not _is_missing_s3_object(err):
                 raise
-            where = self._client.key_of(key) if isinstance(self._client, _PrefixedS3Client) else key
+            where = self._key_in_bucket(key)
             return refused_payload(
                 f"refers to a stored payload that is gone: s3://{bucket}/{where[:300]} is missing: "
                 "restore it, or point AGENT_STORAGE at the payload store this workflow was written with"
@@ -185,7 +187,7 @@ class RefusingS3StorageDriver(S3StorageDriver):
         return payload
 
 
-def is_missing_s3_object(err: BaseException) -> bool:
+def _is_missing_s3_object(err: BaseException) -> bool:
     """The SDK's S3 driver wraps a missing object's 404 in a RuntimeError."""
     response = getattr(err.__cause__, "response", None)
     code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
