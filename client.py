@@ -37,11 +37,12 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowHistory,
     WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
-from temporalio.common import SearchAttributeKey, TypedSearchAttributes
+from temporalio.common import QueryRejectCondition, SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -649,8 +650,8 @@ async def follow(
 
 class _EventReader:
     """Reads a conversation's ``events`` topic for ``follow``, polling as the
-    stream's own client does, with one change: a read that follows a
-    cooldown is a query.
+    stream's own client does, with one change: the first read, and a read
+    that follows a cooldown, is a query.
 
     A long-poll update is what a caught-up subscriber needs (it answers the
     moment an event is published), but each one is an update and a workflow
@@ -659,7 +660,10 @@ class _EventReader:
     wait: a query reads them with no history event and no workflow task
     (the worker answers it from its cache). When a query finds nothing new,
     the next read is a long-poll update again. Measured (bench.peers, K=20):
-    7 -> 3 updates per streamed conversation.
+    7 -> 4 updates per streamed conversation. The first read is a query
+    too: a run's first events, or a backlog, are there already (4 -> 3).
+    Queries go only to a conversation still open (``NOT_OPEN``): one that
+    has completed would replay its history on a worker for each.
 
     A query cannot tell the workflow how far its subscriber has read, and a
     conversation about to complete waits (up to ``SUBSCRIBER_GRACE``) for
@@ -685,7 +689,10 @@ class _EventReader:
         self._handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(workflow_id)
         self._ended: WorkflowHandle[Any, Any] | None = None  # the run that ended, once it has
         self._cooldown_ms = cooldown_ms
-        self._by_query = False
+        # The first read is a query: what is already published (a run's first
+        # events, a backlog) costs no update; nothing yet, or a workflow that
+        # cannot answer queries yet (no workflow task done), and a long poll follows.
+        self._by_query = True
         self._acks: set[asyncio.Task[None]] = set()
         self._run_end: asyncio.Task[int | None] | None = None  # waits for the run's end
         self._run_end_wanted = True  # one wait per run (again once one was released for continue-as-new)
@@ -784,9 +791,15 @@ class _EventReader:
         if self._ended is not None:
             return await self._ended.query(POLL_UPDATE, self._poll(), result_type=PollResult)
         if self._by_query:
-            with contextlib.suppress(WorkflowQueryFailedError, RPCError):
+            # Not to a conversation that has completed: that would replay its
+            # history on a worker (the long poll learns of it from the server).
+            with contextlib.suppress(WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError):
                 result = await self._handle.query(
-                    POLL_UPDATE, self._poll(), result_type=PollResult, rpc_timeout=_QUERY_TIMEOUT
+                    POLL_UPDATE,
+                    self._poll(),
+                    result_type=PollResult,
+                    rpc_timeout=_QUERY_TIMEOUT,
+                    reject_condition=QueryRejectCondition.NOT_OPEN,
                 )
                 if result.items:
                     return result
