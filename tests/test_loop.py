@@ -654,6 +654,9 @@ async def test_an_image_a_model_would_refuse_is_refused_by_prompt_and_never_sent
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update("prompt", message(pixel, "text/plain"))
     assert "its mimeType 'text/plain' is not an image type" in str(refused.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", message(pixel, "Image/SVG+XML"))
+    assert "it is an SVG (vector) image, which models do not take" in str(refused.value.cause)
 
     stack.script({"text": "I cannot see it"}, {"text": "still answering"})
     await handle.signal("follow_up", message("not base64!"))  # a signal has no caller to refuse

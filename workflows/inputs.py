@@ -131,6 +131,8 @@ def image_problem(image: ImageContent) -> str | None:
     are taken: ``image_base64`` sends it without them)."""
     if not _IMAGE_TYPE.fullmatch(image_type(image)):
         return f"its mimeType {image.mime_type[:80]!r} is not an image type (e.g. image/png)"
+    if image_type(image) == "image/svg+xml":
+        return "it is an SVG (vector) image, which models do not take; send it as PNG or JPEG"
     if image.data.startswith("data:"):
         return "its data is a data: URL; send the base64 after the comma alone"
     try:
