@@ -160,15 +160,18 @@ class Settings:
 
     def check_workspace(self) -> None:
         """For a process that runs tools (the worker): its tools must not
-        reach the payload store. Clients and the codec server run no tools
-        and do not ask (their default workspace, the working directory, may
-        well hold the default store: run from the home directory)."""
-        if self.storage == "file" and self.workspace in (self.storage_dir, *self.storage_dir.parents):
-            raise SettingsError(
-                f"The payload store {self.storage_dir} is inside the tools' workspace {self.workspace}: "
-                "tools could read other conversations. Point AGENT_STORAGE_DIR (or AGENT_DATA_DIR) "
-                "outside AGENT_WORKSPACE."
-            )
+        reach the payload store or the full outputs of other conversations'
+        tools. Clients and the codec server run no tools and do not ask
+        (their default workspace, the working directory, may well hold the
+        default store: run from the home directory)."""
+        kept = [("The payload store", self.storage_dir, "AGENT_STORAGE_DIR")] if self.storage == "file" else []
+        kept.append(("The tool output directory", self.tool_output_dir, "AGENT_TOOL_OUTPUT_DIR"))
+        for what, path, setting in kept:
+            if self.workspace in (path, *path.parents):
+                raise SettingsError(
+                    f"{what} {path} is inside the tools' workspace {self.workspace}: tools could read "
+                    f"other conversations. Point {setting} (or AGENT_DATA_DIR) outside AGENT_WORKSPACE."
+                )
 
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""

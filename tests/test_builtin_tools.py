@@ -27,6 +27,7 @@ from activities.builtin_tools import (
     read_file,
 )
 from activities.tools import ToolResult
+from runtime.settings import Settings, SettingsError
 
 MiB = 1024 * 1024
 # A heartbeat-style ticker may fall this far behind at most.
@@ -239,3 +240,18 @@ async def test_listing_a_crowded_directory_leaves_the_loop_free(crowded: Path) -
 
     assert isinstance(listing, str) and listing.startswith("aa-dir/")
     assert gap < MAX_TICK_GAP
+
+
+@pytest.mark.parametrize("storage", ["file", "off"])
+def test_a_worker_refuses_a_workspace_holding_its_data(tmp_path: Path, storage: str) -> None:
+    """The full outputs of every conversation's tools are kept under
+    AGENT_DATA_DIR: inside the workspace, one conversation's read_file
+    could read another's. The worker refuses to start, whatever the storage."""
+    inside = {"AGENT_WORKSPACE": str(tmp_path), "AGENT_DATA_DIR": str(tmp_path / ".agent-data")}
+    outside = {"AGENT_STORAGE": storage, "AGENT_STORAGE_DIR": str(tmp_path.parent / f"{tmp_path.name}-payloads")}
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({**inside, **outside}).check_workspace()
+    assert str(refused.value).startswith(f"The tool output directory {tmp_path / '.agent-data' / 'tool-output'}")
+    assert "Point AGENT_TOOL_OUTPUT_DIR (or AGENT_DATA_DIR) outside AGENT_WORKSPACE" in str(refused.value)
+    elsewhere = {"AGENT_TOOL_OUTPUT_DIR": str(tmp_path.parent / f"{tmp_path.name}-output")}
+    Settings.from_env({**inside, **outside, **elsewhere}).check_workspace()  # no refusal
