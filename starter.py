@@ -13,7 +13,7 @@
     python starter.py clear ID [steering|followUp|all]   print the removed messages (JSON)
     python starter.py reset ID | wait ID | fork ID --at N [--id NEW]
     python starter.py state ID | messages ID
-    python starter.py list [--status S] [--model M]   the conversations, newest first
+    python starter.py list [--status S] [--model M]   the conversations, running ones first
 
 Connects to TEMPORAL_ADDRESS (default localhost:7233), TEMPORAL_NAMESPACE and
 TEMPORAL_TASK_QUEUE (default ``agent``), like the worker. A request the
@@ -252,9 +252,10 @@ async def cmd_list(client: Client, settings: Settings, args: argparse.Namespace)
             found.id,
             found.status or "-",
             found.model or "-",
-            f"{found.turns or 0} turns",
-            f"{found.total_tokens or 0:,} tokens",
-            f"${found.cost or 0:.4f}",
+            # None: the server keeps no Agent* search attributes (not zero).
+            "- turns" if found.turns is None else f"{found.turns} turns",
+            "- tokens" if found.total_tokens is None else f"{found.total_tokens:,} tokens",
+            "$-" if found.cost is None else f"${found.cost:.4f}",
             found.started.astimezone().strftime("%Y-%m-%d %H:%M"),
         )
         async for found in list_conversations(client, status=args.status, model=args.model, limit=args.limit)
@@ -355,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("id")
     fork.add_argument("--at", type=int, required=True, metavar="N", help="messages to keep")
     fork.add_argument("--id", dest="new_id", metavar="NEW", help="the new conversation's id")
-    listing = commands.add_parser("list", help="the conversations, newest first (status, model, usage)")
+    listing = commands.add_parser("list", help="the conversations: running ones newest first, then ended ones by when they ended")
     listing.add_argument("--status", choices=["idle", "running", "awaiting-approval", "closed"])
     listing.add_argument("--model")
     listing.add_argument("--limit", type=int, default=50)

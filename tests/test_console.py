@@ -7,6 +7,7 @@ the shared worker, the chat inside a pseudo-terminal driven by pexpect.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import json
@@ -14,7 +15,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -839,6 +840,32 @@ async def test_starter_list_shows_conversations_by_status_and_model(stack: Stack
     assert set(everything) == {idle.id, waiting.id}
     assert everything[idle.id].split()[1:3] == ["idle", stack.model]
     assert set(only_waiting) == {waiting.id}
+
+
+async def test_starter_list_shows_unknown_usage_as_a_dash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server without the Agent* search attributes keeps no usage: the
+    line says it is unknown, not that the conversation used nothing."""
+    import starter
+    from client import ConversationSummary
+
+    started = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
+    found = [
+        ConversationSummary("plain", started, None, None, None, None, None),
+        ConversationSummary("kept", started, "idle", "m", 3, 1234, 0.5),
+    ]
+
+    async def listing(*_: Any, **__: Any) -> Any:
+        for summary in found:
+            yield summary
+
+    monkeypatch.setattr(starter, "list_conversations", listing)
+    args = argparse.Namespace(status=None, model=None, limit=50)
+    assert await starter.cmd_list(None, None, args) == 0  # type: ignore[arg-type]
+    plain, kept = capsys.readouterr().out.splitlines()
+    assert plain.split()[:7] == ["plain", "-", "-", "-", "turns", "-", "tokens"] and "$-" in plain
+    assert kept.split()[:7] == ["kept", "idle", "m", "3", "turns", "1,234", "tokens"] and "$0.5000" in kept
 
 
 async def test_starter_list_shows_each_conversation_once_and_how_an_ended_one_ended(stack: Stack) -> None:
