@@ -37,12 +37,11 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowHistory,
     WorkflowQueryFailedError,
-    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
-from temporalio.common import QueryRejectCondition, SearchAttributeKey, TypedSearchAttributes
+from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -453,11 +452,9 @@ _LISTED_ENDINGS: dict[WorkflowExecutionStatus | None, str | None] = {
 async def list_conversations(
     client: Client, *, status: str | None = None, model: str | None = None, limit: int = 50
 ) -> AsyncIterator[ConversationSummary]:
-    """Conversations with ``status`` (``idle``, ``running``,
-    ``awaiting-approval``, ``closed``) and ``model`` when given, in the
-    server's order: running ones first, newest first, then ended ones, the
-    last to end first (a SQL visibility store takes no ``ORDER BY``). The
-    list is the server's visibility store: it may lag a second behind.
+    """Conversations, newest first, with ``status`` (``idle``, ``running``,
+    ``awaiting-approval``, ``closed``) and ``model`` when given. The list
+    is the server's visibility store: it may lag a second behind.
 
     One entry per conversation: its current run (a conversation that
     continued as new has earlier runs too). A conversation that ended
@@ -652,8 +649,8 @@ async def follow(
 
 class _EventReader:
     """Reads a conversation's ``events`` topic for ``follow``, polling as the
-    stream's own client does, with one change: the first read, and a read
-    that follows a cooldown, is a query.
+    stream's own client does, with one change: a read that follows a
+    cooldown is a query.
 
     A long-poll update is what a caught-up subscriber needs (it answers the
     moment an event is published), but each one is an update and a workflow
@@ -662,10 +659,7 @@ class _EventReader:
     wait: a query reads them with no history event and no workflow task
     (the worker answers it from its cache). When a query finds nothing new,
     the next read is a long-poll update again. Measured (bench.peers, K=20):
-    7 -> 4 updates per streamed conversation. The first read is a query
-    too: a run's first events, or a backlog, are there already (4 -> 3).
-    Queries go only to a conversation still open (``NOT_OPEN``): one that
-    has completed would replay its history on a worker for each.
+    7 -> 3 updates per streamed conversation.
 
     A query cannot tell the workflow how far its subscriber has read, and a
     conversation about to complete waits (up to ``SUBSCRIBER_GRACE``) for
@@ -691,10 +685,7 @@ class _EventReader:
         self._handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(workflow_id)
         self._ended: WorkflowHandle[Any, Any] | None = None  # the run that ended, once it has
         self._cooldown_ms = cooldown_ms
-        # The first read is a query: what is already published (a run's first
-        # events, a backlog) costs no update; nothing yet, or a workflow that
-        # cannot answer queries yet (no workflow task done), and a long poll follows.
-        self._by_query = True
+        self._by_query = False
         self._acks: set[asyncio.Task[None]] = set()
         self._run_end: asyncio.Task[int | None] | None = None  # waits for the run's end
         self._run_end_wanted = True  # one wait per run (again once one was released for continue-as-new)
@@ -793,15 +784,9 @@ class _EventReader:
         if self._ended is not None:
             return await self._ended.query(POLL_UPDATE, self._poll(), result_type=PollResult)
         if self._by_query:
-            # Not to a conversation that has completed: that would replay its
-            # history on a worker (the long poll learns of it from the server).
-            with contextlib.suppress(WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError):
+            with contextlib.suppress(WorkflowQueryFailedError, RPCError):
                 result = await self._handle.query(
-                    POLL_UPDATE,
-                    self._poll(),
-                    result_type=PollResult,
-                    rpc_timeout=_QUERY_TIMEOUT,
-                    reject_condition=QueryRejectCondition.NOT_OPEN,
+                    POLL_UPDATE, self._poll(), result_type=PollResult, rpc_timeout=_QUERY_TIMEOUT
                 )
                 if result.items:
                     return result

@@ -16,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 import activities.events as events_module
 import client
 from activities.events import ActivityEventPublisher
-from client import Conversation, PollInterval, follow
+from client import PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.models import AgentStartEvent, MessageUpdateEvent
 from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_message
@@ -220,48 +220,6 @@ async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_work
     assert queries >= 3
     assert updates <= 4  # the first polls, and the one telling the workflow the end was read
     assert "TIMER_FIRED" not in events
-
-
-async def test_a_reader_of_what_is_already_published_sends_no_update(stack: Stack) -> None:
-    # Each update is a workflow task and history events the server persists:
-    # the first read is a query, so a reader attaching to a conversation
-    # whose events are there (a run's first events, a backlog) sends none.
-    stack.script({"text": "already said"})
-    handle = await stack.start(prompt="go")
-    await Conversation.attach(stack.client, handle.id).wait_for_idle()
-    before = accepted_updates(await handle.fetch_history())
-    seen = []
-    async for _, data in follow(stack.client, handle.id):
-        seen.append(data["type"])
-        if len(seen) == 3:
-            break
-    assert seen == ["agent_start", "turn_start", "message_start"]
-    assert accepted_updates(await handle.fetch_history()) == before
-
-
-async def test_a_reader_of_a_completed_conversation_replays_it_once(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A query to a completed conversation replays its history on a worker:
-    # the reader's first query is refused by the server instead, and the
-    # events are read by one query to the run that ended.
-    stack.script({"text": "all said"})
-    handle = await stack.start(prompt="go", closeWhenIdle=True)
-    await handle.result()
-    answered = 0
-    real_query = client.WorkflowHandle.query
-
-    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal answered
-        result = await real_query(self, *args, **kwargs)
-        answered += 1
-        return result
-
-    monkeypatch.setattr(client.WorkflowHandle, "query", counted)
-    seen = await follow_all(stack, handle.id)
-    monkeypatch.undo()
-    assert seen[0]["type"] == "agent_start" and seen[-1]["type"] == "agent_end"
-    assert answered == 1
 
 
 @pytest.mark.parametrize("pacing", [(), ((15, 0.5),)], ids=["unpaced", "paced"])
