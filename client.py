@@ -452,9 +452,11 @@ _LISTED_ENDINGS: dict[WorkflowExecutionStatus | None, str | None] = {
 async def list_conversations(
     client: Client, *, status: str | None = None, model: str | None = None, limit: int = 50
 ) -> AsyncIterator[ConversationSummary]:
-    """Conversations, newest first, with ``status`` (``idle``, ``running``,
-    ``awaiting-approval``, ``closed``) and ``model`` when given. The list
-    is the server's visibility store: it may lag a second behind.
+    """Conversations with ``status`` (``idle``, ``running``,
+    ``awaiting-approval``, ``closed``) and ``model`` when given, in the
+    server's order: running ones first, newest first, then ended ones, the
+    last to end first (a SQL visibility store takes no ``ORDER BY``). The
+    list is the server's visibility store: it may lag a second behind.
 
     One entry per conversation: its current run (a conversation that
     continued as new has earlier runs too). A conversation that ended

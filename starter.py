@@ -356,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("id")
     fork.add_argument("--at", type=int, required=True, metavar="N", help="messages to keep")
     fork.add_argument("--id", dest="new_id", metavar="NEW", help="the new conversation's id")
-    listing = commands.add_parser("list", help="the conversations: running ones newest first, then ended ones by when they ended")
+    listing = commands.add_parser(
+        "list", help="the conversations: running ones newest first, then ended ones by when they ended"
+    )
     listing.add_argument("--status", choices=["idle", "running", "awaiting-approval", "closed"])
     listing.add_argument("--model")
     listing.add_argument("--limit", type=int, default=50)

@@ -164,7 +164,9 @@ class Settings:
         tools. Clients and the codec server run no tools and do not ask
         (their default workspace, the working directory, may well hold the
         default store: run from the home directory)."""
-        kept = [("The payload store", self.storage_dir, "AGENT_STORAGE_DIR")] if self.storage == "file" else []
+        kept = (
+            [("The payload store", self.storage_dir, "AGENT_STORAGE_DIR")] if self.storage == "file" else []
+        )
         kept.append(("The tool output directory", self.tool_output_dir, "AGENT_TOOL_OUTPUT_DIR"))
         for what, path, setting in kept:
             if self.workspace in (path, *path.parents):

@@ -248,10 +248,15 @@ def test_a_worker_refuses_a_workspace_holding_its_data(tmp_path: Path, storage: 
     AGENT_DATA_DIR: inside the workspace, one conversation's read_file
     could read another's. The worker refuses to start, whatever the storage."""
     inside = {"AGENT_WORKSPACE": str(tmp_path), "AGENT_DATA_DIR": str(tmp_path / ".agent-data")}
-    outside = {"AGENT_STORAGE": storage, "AGENT_STORAGE_DIR": str(tmp_path.parent / f"{tmp_path.name}-payloads")}
+    outside = {
+        "AGENT_STORAGE": storage,
+        "AGENT_STORAGE_DIR": str(tmp_path.parent / f"{tmp_path.name}-payloads"),
+    }
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({**inside, **outside}).check_workspace()
-    assert str(refused.value).startswith(f"The tool output directory {tmp_path / '.agent-data' / 'tool-output'}")
+    assert str(refused.value).startswith(
+        f"The tool output directory {tmp_path / '.agent-data' / 'tool-output'}"
+    )
     assert "Point AGENT_TOOL_OUTPUT_DIR (or AGENT_DATA_DIR) outside AGENT_WORKSPACE" in str(refused.value)
     elsewhere = {"AGENT_TOOL_OUTPUT_DIR": str(tmp_path.parent / f"{tmp_path.name}-output")}
     Settings.from_env({**inside, **outside, **elsewhere}).check_workspace()  # no refusal

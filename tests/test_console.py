@@ -15,7 +15,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -850,7 +850,7 @@ async def test_starter_list_shows_unknown_usage_as_a_dash(
     import starter
     from client import ConversationSummary
 
-    started = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
+    started = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
     found = [
         ConversationSummary("plain", started, None, None, None, None, None),
         ConversationSummary("kept", started, "idle", "m", 3, 1234, 0.5),
