@@ -57,7 +57,14 @@ from workflows.contract import (
     WaitForIdleResult,
 )
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
-from workflows.stream import DRAINING_ERROR, POLL_UPDATE, RUN_END_UPDATE, TRUNCATED_ERROR, item_payload
+from workflows.stream import (
+    BUSY_ERROR,
+    DRAINING_ERROR,
+    POLL_UPDATE,
+    RUN_END_UPDATE,
+    TRUNCATED_ERROR,
+    item_payload,
+)
 
 # The client, and the contract's models its methods take and return.
 __all__ = [
@@ -798,8 +805,9 @@ class _EventReader:
     async def _long_poll(self) -> PollResult | None:
         """An update poll, as ``WorkflowStreamClient.subscribe`` makes it:
         None when it found the run draining for continue-as-new, continued,
-        ended (the rest is then read by query from the run that ended) or
-        the offset truncated."""
+        ended (the rest is then read by query from the run that ended), the
+        offset truncated, or as many reads waiting as the workflow lets wait
+        (``StreamBusy``: the next read is a query, after a cooldown)."""
         polled_run_id: str | None = None
         try:
             update = await self._handle.start_update(
@@ -816,6 +824,10 @@ class _EventReader:
                     return None
                 if cause == DRAINING_ERROR:
                     await asyncio.sleep(self._cooldown_ms / 1000)
+                    return None
+                if cause == BUSY_ERROR:  # other readers hold the waits: read by query after a cooldown
+                    await asyncio.sleep(self._cooldown_ms / 1000)
+                    self._by_query = True
                     return None
             if isinstance(err.__cause__, asyncio.CancelledError):
                 raise err.__cause__ from None

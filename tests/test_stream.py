@@ -16,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 import activities.events as events_module
 import client
 from activities.events import ActivityEventPublisher
-from client import PollInterval, follow
+from client import Conversation, PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.models import AgentStartEvent, MessageUpdateEvent
 from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_message
@@ -220,6 +220,34 @@ async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_work
     assert queries >= 3
     assert updates <= 4  # the first polls, and the one telling the workflow the end was read
     assert "TIMER_FIRED" not in events
+
+
+async def test_many_waiting_subscribers_leave_room_for_a_prompt(stack: Stack) -> None:
+    """Temporal admits 10 updates in flight per workflow and refuses the
+    rest, and a caught-up subscriber's long poll is one until an event
+    comes: twelve watchers of an idle conversation made every `prompt`
+    fail (after 15 s of retries). Past MAX_WAITING_READS waiting reads,
+    the others read by query, and each still sees every event."""
+    stack.script({"text": "first"}, {"text": "second"})
+    handle = await stack.start(prompt="go")
+    await Conversation.attach(stack.client, handle.id).wait_for_idle()
+    end = await handle.query(OFFSET_QUERY)
+    seen: list[list[tuple[int, str]]] = [[] for _ in range(12)]
+
+    async def watch(into: list[tuple[int, str]]) -> None:
+        async for offset, data in follow(stack.client, handle.id, end):
+            into.append((offset, data["type"]))
+            if data["type"] == "agent_end":
+                return
+
+    watchers = [asyncio.create_task(watch(into)) for into in seen]
+    await asyncio.sleep(1.0)  # all caught up, waiting
+    await asyncio.wait_for(handle.execute_update("prompt", "again"), 10)
+    await asyncio.wait_for(asyncio.gather(*watchers), 20)
+    for events in seen:
+        assert [offset for offset, _ in events] == list(range(end, end + len(events)))
+        assert events[0][1] == "agent_start" and events[-1][1] == "agent_end"
+    await handle.signal("close")
 
 
 @pytest.mark.parametrize("pacing", [(), ((15, 0.5),)], ids=["unpaced", "paced"])

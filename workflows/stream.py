@@ -48,6 +48,13 @@ OFFSET_QUERY = "__temporal_workflow_stream_offset"
 RUN_END_UPDATE = "__agent_stream_run_end"
 DRAINING_ERROR = "StreamDraining"
 TRUNCATED_ERROR = "TruncatedOffset"
+BUSY_ERROR = "StreamBusy"
+# Temporal admits at most 10 updates in flight per workflow (server setting
+# ``history.maxInFlightUpdates``) and refuses the next ones, `prompt` and
+# `approve_tool` included; a caught-up subscriber's long poll, and its wait
+# for the run's end, each hold one until an event comes. So at most this
+# many reads wait at once: a subscriber past them reads by query (client.py).
+MAX_WAITING_READS = 5
 
 # How long a conversation about to complete waits for its live subscribers
 # to read the last events (a subscriber polls again within its cooldown,
@@ -80,6 +87,7 @@ class EventStream:
         self._model_publishers: set[str] = set()
         self._closed_publishers: deque[str] = deque(maxlen=64)
         self.run_active: Callable[[], bool] = lambda: False  # set by the workflow
+        self._waiting_reads = 0  # polls and run-end waits in their handlers
         self._run_end: int | None = None  # the offset just past the last agent_end published
 
     def track(self) -> None:
@@ -118,7 +126,11 @@ class EventStream:
         async def on_poll(payload: PollInput) -> PollResult:
             self.polled = True
             self.updates += 1
-            result: PollResult = await poll(payload)
+            self._waiting_reads += 1
+            try:
+                result: PollResult = await poll(payload)
+            finally:
+                self._waiting_reads -= 1
             self.delivered = max(self.delivered, result.next_offset)
             return result
 
@@ -126,6 +138,8 @@ class EventStream:
             if not isinstance(payload, PollInput):  # anyone may send one: `null` must not wedge it
                 raise refusal("A stream poll takes a PollInput object.")
             self._refuse_if_detached()
+            if payload.from_offset >= self.offset():  # it would wait (one behind is answered at once)
+                self._refuse_if_busy()
 
         workflow.set_update_handler(POLL_UPDATE, on_poll, validator=validate_poll)
 
@@ -137,7 +151,11 @@ class EventStream:
             a busy stream is read after cooldowns, so without it the end
             would reach a subscriber up to a cooldown late (client.py)."""
             self.updates += 1
-            await workflow.wait_condition(lambda: self._detached or (self._run_end or 0) > from_offset)
+            self._waiting_reads += 1
+            try:
+                await workflow.wait_condition(lambda: self._detached or (self._run_end or 0) > from_offset)
+            finally:
+                self._waiting_reads -= 1
             return None if self._detached else self._run_end
 
         def validate_run_end(from_offset: int | None = None) -> None:
@@ -146,9 +164,18 @@ class EventStream:
                 raise refusal("from_offset must be an offset (a whole number >= 0).")
             if not self.run_active() and (self._run_end or 0) <= from_offset:
                 raise ApplicationError("No run is in progress", type="NoRun")
+            self._refuse_if_busy()
 
         # Released by ``detach_pollers``, which comes before continue-as-new and completion.
         workflow.set_update_handler(RUN_END_UPDATE, on_run_end, validator=validate_run_end)
+
+    def _refuse_if_busy(self) -> None:
+        if self._waiting_reads >= MAX_WAITING_READS:
+            raise ApplicationError(
+                f"{MAX_WAITING_READS} reads of the stream are waiting already: read by query",
+                type=BUSY_ERROR,
+                non_retryable=True,
+            )
 
     def _refuse_if_detached(self) -> None:
         if self._detached:
