@@ -18,9 +18,10 @@ plain short timer.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -126,11 +127,8 @@ class EventStream:
         async def on_poll(payload: PollInput) -> PollResult:
             self.polled = True
             self.updates += 1
-            self._waiting_reads += 1
-            try:
+            with self._waiting():
                 result: PollResult = await poll(payload)
-            finally:
-                self._waiting_reads -= 1
             self.delivered = max(self.delivered, result.next_offset)
             return result
 
@@ -151,11 +149,8 @@ class EventStream:
             a busy stream is read after cooldowns, so without it the end
             would reach a subscriber up to a cooldown late (client.py)."""
             self.updates += 1
-            self._waiting_reads += 1
-            try:
+            with self._waiting():
                 await workflow.wait_condition(lambda: self._detached or (self._run_end or 0) > from_offset)
-            finally:
-                self._waiting_reads -= 1
             return None if self._detached else self._run_end
 
         def validate_run_end(from_offset: int | None = None) -> None:
@@ -168,6 +163,15 @@ class EventStream:
 
         # Released by ``detach_pollers``, which comes before continue-as-new and completion.
         workflow.set_update_handler(RUN_END_UPDATE, on_run_end, validator=validate_run_end)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """Counts a read waiting in its handler (``MAX_WAITING_READS``)."""
+        self._waiting_reads += 1
+        try:
+            yield
+        finally:
+            self._waiting_reads -= 1
 
     def _refuse_if_busy(self) -> None:
         if self._waiting_reads >= MAX_WAITING_READS:
