@@ -73,33 +73,42 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
     """Our transcript as Chat Completions ``messages``.
 
     Failed or aborted assistant turns are left out (their partial output
-    would mislead the model). Tool-result images, which a ``tool`` message
-    cannot carry, follow as a user message.
+    would mislead the model), and with them any results of their tool
+    calls: a ``tool`` message must answer a call the model is sent.
+    Tool-result images, which a ``tool`` message cannot carry, follow as ONE
+    user message after the last of a batch's ``tool`` messages, as pi does:
+    an assistant's ``tool_calls`` must be answered by ``tool`` messages
+    before anything else, or the server refuses the request (400), and
+    every later one with it in the context.
     """
     out: list[dict[str, Any]] = []
     if system_prompt:
         out.append({"role": "system", "content": system_prompt})
+    left_out: set[str] = set()  # tool call ids of the assistant turn just left out
+    images: list[dict[str, Any]] = []  # of the tool results since the last non-tool message
     for message in messages:
+        if not isinstance(message, ToolResultMessage) and images:
+            out.append({"role": "user", "content": images})
+            images = []
         if isinstance(message, UserMessage):
             out.append({"role": "user", "content": _user_content(message.content)})
         elif isinstance(message, AssistantMessage):
+            left_out = {call.id for call in message.tool_calls}
             if message.stop_reason in ("error", "aborted"):
                 continue
+            left_out = set()
             out.append(_assistant_message(message))
         elif isinstance(message, ToolResultMessage):
+            if message.tool_call_id in left_out:
+                continue
             text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
             out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
-            images = [c for c in message.content if isinstance(c, ImageContent)]
-            if images:
-                out.append(
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"}
-                        ]
-                        + [_image_part(i) for i in images],
-                    }
-                )
+            returned = [c for c in message.content if isinstance(c, ImageContent)]
+            if returned:
+                images.append({"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"})
+                images.extend(_image_part(i) for i in returned)
+    if images:
+        out.append({"role": "user", "content": images})
     return out
 
 

@@ -20,8 +20,17 @@ from activities.openai_chat import (
     to_openai_messages,
     usage_from_openai,
 )
+from testbed.scripted_model.server import tool_message_problem
 from workflows.contract import LlmRequest
-from workflows.models import AssistantMessage, ImageContent, ThinkingContent, UserMessage
+from workflows.models import (
+    AssistantMessage,
+    ImageContent,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 
 REQUEST = LlmRequest(model="m", messages=[UserMessage(content="hi", timestamp=0)], turn=1)
 
@@ -257,6 +266,94 @@ def test_an_image_goes_to_the_model_as_clean_base64_or_as_a_note() -> None:
     }
     assert message["content"][3]["text"].startswith("[An image was left out: its mimeType 'application/pdf'")
     assert message["content"][4] == {"type": "image_url", "image_url": {"url": clean}}
+
+
+def _turn(*call_ids: str, stop_reason: str = "toolUse") -> AssistantMessage:
+    return AssistantMessage.model_validate(
+        {
+            "content": [ToolCall(id=i, name="picture") for i in call_ids],
+            "stopReason": stop_reason,
+            "timestamp": 0,
+        }
+    )
+
+
+def _result(call_id: str, *, image: bool = False) -> ToolResultMessage:
+    content: list[TextContent | ImageContent] = [TextContent(text=f"result {call_id}")]
+    if image:
+        content.append(ImageContent(data=base64.b64encode(b"png").decode(), mime_type="image/png"))
+    return ToolResultMessage(tool_call_id=call_id, tool_name="picture", content=content)
+
+
+def test_tool_result_images_follow_all_of_the_batch_tool_messages() -> None:
+    """Chat Completions refuses (400) an assistant message whose tool_calls
+    are not answered by the tool messages right after it: the images of a
+    batch's results go after the last of them, in one user message."""
+    sent = to_openai_messages(
+        None,
+        [
+            UserMessage(content="go", timestamp=0),
+            _turn("a", "b", "c"),
+            _result("a", image=True),
+            _result("b"),
+            _result("c", image=True),
+            UserMessage(content="steer", timestamp=0),
+        ],
+    )
+    assert [(m["role"], m.get("tool_call_id")) for m in sent] == [
+        ("user", None),
+        ("assistant", None),
+        ("tool", "a"),
+        ("tool", "b"),
+        ("tool", "c"),
+        ("user", None),
+        ("user", None),
+    ]
+    images = sent[5]["content"]
+    assert [part.get("text", part["type"]) for part in images] == [
+        "Image(s) returned by tool picture:",
+        "image_url",
+        "Image(s) returned by tool picture:",
+        "image_url",
+    ]
+    assert tool_message_problem(sent) is None
+
+
+def test_results_of_a_left_out_assistant_turn_are_left_out_too() -> None:
+    """An assistant turn that failed is not sent; a `tool` message answering
+    one of its calls would answer nothing the model is sent (400)."""
+    sent = to_openai_messages(
+        None,
+        [
+            UserMessage(content="go", timestamp=0),
+            _turn("a", stop_reason="error"),
+            _result("a", image=True),
+            UserMessage(content="again", timestamp=0),
+            _turn("a"),
+            _result("a"),
+        ],
+    )
+    assert [(m["role"], m.get("tool_call_id")) for m in sent] == [
+        ("user", None),
+        ("user", None),
+        ("assistant", None),
+        ("tool", "a"),
+    ]
+    assert tool_message_problem(sent) is None
+
+
+def test_the_scripted_model_refuses_tool_messages_out_of_order() -> None:
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]}
+    assert (
+        tool_message_problem(
+            [calls, {"role": "tool", "tool_call_id": "a"}, {"role": "tool", "tool_call_id": "b"}]
+        )
+        is None
+    )
+    unanswered = tool_message_problem([calls, {"role": "tool", "tool_call_id": "a"}, {"role": "user"}])
+    assert unanswered is not None and unanswered.endswith("did not have response messages: b")
+    stray = tool_message_problem([{"role": "user"}, {"role": "tool", "tool_call_id": "a"}])
+    assert stray is not None and "must be a response to a preceding message" in stray
 
 
 async def test_a_context_transform_calling_sys_exit_fails_the_call_not_the_worker() -> None:

@@ -673,6 +673,35 @@ async def test_an_image_a_model_would_refuse_is_refused_by_prompt_and_never_sent
     await handle.signal("close")
 
 
+async def test_tool_images_reach_the_model_after_all_the_batch_tool_messages(stack: Stack) -> None:
+    """A tool-result image goes to the model in a user message (a `tool`
+    message cannot carry one). Put between the batch's `tool` messages, it
+    made OpenAI refuse that call and every later one (400: the assistant's
+    `tool_calls` must be answered first); the scripted model refuses it the
+    same way."""
+    stack.script(
+        {"tool_calls": [call("p1", "picture"), call("e1", "echo", text="t")]},
+        {"text": "a pixel"},
+        {"text": "still here"},
+    )
+    handle = await stack.start(prompt="take a picture and echo t", tools=["picture", "echo"])
+    first = await handle.execute_update("wait_for_idle")
+    assert first["stopReason"] == "stop"
+    await handle.execute_update("prompt", "and now?")
+    second = await handle.execute_update("wait_for_idle")
+    assert second["stopReason"] == "stop"
+    for request in stack.requests()[1:]:
+        sent = request["messages"][2:5]
+        assert [(m["role"], m.get("tool_call_id")) for m in sent] == [
+            ("tool", "p1"),
+            ("tool", "e1"),
+            ("user", None),
+        ]
+        assert sent[2]["content"][0] == {"type": "text", "text": "Image(s) returned by tool picture:"}
+        assert sent[2]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+    await handle.signal("close")
+
+
 async def test_settings_reach_the_model_and_the_key_stays_out_of_history(stack: Stack) -> None:
     stack.script({"text": "ok"})
     handle = await stack.start(

@@ -369,13 +369,51 @@ async def _read_json(request: web.Request) -> Any:
         return None
 
 
+def tool_message_problem(messages: Any) -> str | None:
+    """Why OpenAI would refuse these ``messages`` for the order of their tool
+    calls and results (as it does, with status 400), or None: an assistant
+    message's ``tool_calls`` must be answered, each, by the ``tool``
+    messages right after it, and a ``tool`` message must answer one."""
+    if not isinstance(messages, list):
+        return None
+    open_calls: list[Any] = []  # calls of the last assistant message not answered yet
+    answering = False  # the messages since that assistant message are all tool messages
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            if not answering or message.get("tool_call_id") not in open_calls:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceding message with 'tool_calls'."
+                )
+            open_calls.remove(message["tool_call_id"])
+            continue
+        if open_calls:
+            break
+        calls = message.get("tool_calls") if role == "assistant" else None
+        open_calls = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+        answering = bool(open_calls)
+    if open_calls:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding "
+            f"to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+            f"{', '.join(map(str, open_calls))}"
+        )
+    return None
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """`POST /v1/chat/completions`: consume the model's next step (or ask the demo brain)."""
+    """`POST /v1/chat/completions`: consume the model's next step (or ask the demo brain).
+    A request OpenAI would refuse for the order of its tool messages is
+    refused the same way (400), its step left queued."""
     body = await _read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return error_response(400, "body must be a JSON object with a string 'model'")
     store = request.app[STORE_KEY]
     store.record(body["model"], body)
+    problem = tool_message_problem(body.get("messages"))
+    if problem is not None:
+        return error_response(400, problem)
     step = store.pop(body["model"]) or demo_brain.respond(body)
     if isinstance(step.fault, StatusFault):
         return _fault_response(step.fault)

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from activities.tools import ToolResult, report_progress, tool, tool_context
+from workflows.models import ImageContent, TextContent
 
 
 class EchoArgs(BaseModel):
@@ -82,6 +83,16 @@ async def whoami(args: NoArgs) -> ToolResult:
     return ToolResult(
         content=context.idempotency_key,
         details={"toolCallId": context.tool_call_id, "key": context.idempotency_key},
+    )
+
+
+PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+
+
+@tool(description="Take a picture: a caption and a one-pixel PNG.")
+async def picture(args: NoArgs) -> ToolResult:
+    return ToolResult(
+        content=[TextContent(text="a picture"), ImageContent(data=PIXEL_PNG, mime_type="image/png")]
     )
 
 
