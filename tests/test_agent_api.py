@@ -235,6 +235,29 @@ async def test_state_is_streaming_for_the_whole_run_with_the_partial_message(sta
     await handle.signal("close")
 
 
+async def test_state_shows_a_tool_call_arguments_as_they_stream(stack: Stack) -> None:
+    """As pi's partial message: what has streamed of the arguments, parsed
+    (it showed `{}` until the call ended)."""
+    text = "a fairly long piece of text to stream slowly"
+    stack.script(
+        {"tool_calls": [call("e1", "echo", text=text)], "chunk_chars": 3, "delay_ms": 40},
+        {"text": "done"},
+    )
+    handle = await stack.start(prompt="echo it")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("message_update")
+    seen: list[str] = []
+    while (state := await handle.query("state"))["streamingMessage"] is not None:
+        arguments = state["streamingMessage"]["content"][0]["arguments"]
+        if arguments:
+            seen.append(arguments["text"])
+        await asyncio.sleep(0.05)
+    assert any(0 < len(s) < len(text) and text.startswith(s) for s in seen), seen
+    await log.wait_for_type("agent_end")
+    log.close()
+    await handle.signal("close")
+
+
 async def test_error_message_is_set_for_aborted_runs_too(stack: Stack) -> None:
     stack.script({"text": "slow" * 50, "chunk_chars": 1, "delay_ms": 50})
     handle = await stack.start(prompt="talk")

@@ -19,7 +19,7 @@ from activities.events import ActivityEventPublisher
 from client import Conversation, PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.models import AgentStartEvent, MessageUpdateEvent
-from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_message
+from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_arguments, partial_message
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -508,3 +508,43 @@ def test_a_retry_drops_the_partial_message_unless_replaying_from_before() -> Non
     assert partial_message(events) is None
     kept = partial_message(events, retry_drops=False)
     assert kept is not None and kept.content == [] and kept.timestamp == 5
+
+
+def test_a_tool_call_streaming_shows_its_arguments_so_far_in_state() -> None:
+    """pi's partial message parses a tool call's arguments on every delta
+    (``parseStreamingJson``): `state.streamingMessage` showed `{}` until
+    the call ended. The workflow's own uses (an abort, a failed call) drop
+    streaming tool calls and skip the parse."""
+    start = {"role": "assistant", "content": [], "stopReason": "stop", "timestamp": 5}
+
+    def update(event: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "message_update", "assistantMessageEvent": event}
+
+    events = [
+        {"type": "message_start", "message": start},
+        update({"type": "toolcall_start", "contentIndex": 0, "id": "c1", "toolName": "echo"}),
+        update({"type": "toolcall_delta", "contentIndex": 0, "delta": '{"text": "a fairly lo'}),
+    ]
+    partial = partial_message(events, tool_arguments=True)
+    assert partial is not None and partial.tool_calls[0].arguments == {"text": "a fairly lo"}
+    unparsed = partial_message(events)
+    assert unparsed is not None and unparsed.tool_calls[0].arguments == {}
+
+
+@pytest.mark.parametrize(
+    ("streamed", "reads"),
+    [
+        ("", {}),
+        ('{"te', {}),
+        ('{"text":', {}),
+        ('{"text": "he said \\"hi', {"text": 'he said "hi'}),
+        ('{"text": "x\\', {"text": "x"}),
+        ('{"n": 1, "items": [1, {"k": "v', {"n": 1, "items": [1, {"k": "v"}]}),
+        ('{"n": 1, "flag": tr', {"n": 1}),
+        ('{"n": 12.5e', {"n": 12.5}),
+        ('{"a": "x"}', {"a": "x"}),
+        ("[1, 2", {}),
+    ],
+)
+def test_partial_arguments_read_what_has_streamed(streamed: str, reads: dict[str, Any]) -> None:
+    assert partial_arguments(streamed) == reads

@@ -905,7 +905,7 @@ class AgentWorkflow:
     def _streaming_message(self) -> AssistantMessage | None:
         if not self._calls.streaming:
             return None
-        return self._stream.streamed_message()
+        return self._stream.streamed_message(tool_arguments=True)
 
     def _update_details(self) -> None:
         """The Temporal UI's "current details" of this conversation, and its

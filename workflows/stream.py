@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import json
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -227,13 +228,19 @@ class EventStream:
         self.model_call_offset = None
         self._model_publishers = set()
 
-    def streamed_message(self, *, retry_drops: bool = True) -> AssistantMessage | None:
+    def streamed_message(
+        self, *, retry_drops: bool = True, tool_arguments: bool = False
+    ) -> AssistantMessage | None:
         """The assistant message the model call in progress has published so
         far (``retry_drops=False``: a retry keeps the message of the attempt
-        before, emptied, as before the stream-events-as-pi patch)."""
+        before, emptied, as before the stream-events-as-pi patch;
+        ``tool_arguments``: with the arguments of tool calls still
+        streaming read so far, for the ``state`` query)."""
         if self.model_call_offset is None:
             return None
-        return partial_message(self.events_since(self.model_call_offset), retry_drops=retry_drops)
+        return partial_message(
+            self.events_since(self.model_call_offset), retry_drops=retry_drops, tool_arguments=tool_arguments
+        )
 
     def detach_pollers(self) -> None:
         """Release waiting subscribers and refuse new polls (before
@@ -285,12 +292,17 @@ def item_payload(data: str) -> Payload:
     return Payload.FromString(base64.b64decode(data))
 
 
-def partial_message(events: list[dict[str, Any]], *, retry_drops: bool = True) -> AssistantMessage | None:
+def partial_message(
+    events: list[dict[str, Any]], *, retry_drops: bool = True, tool_arguments: bool = False
+) -> AssistantMessage | None:
     """The assistant message being streamed, rebuilt from its deltas: the
     last assistant ``message_start`` and the updates after it (a retry
-    starts the message over). None when no message is streaming."""
+    starts the message over). None when no message is streaming. A tool
+    call whose arguments are still streaming has ``{}``, or with
+    ``tool_arguments`` what reads of them so far (as pi's partial message)."""
     message: dict[str, Any] | None = None
     blocks: dict[int, dict[str, Any]] = {}
+    streaming_arguments: dict[int, str] = {}
     # Any client can signal events onto the stream: one of another shape is
     # passed over, and a message that does not validate is no message.
     for event in events:
@@ -300,17 +312,21 @@ def partial_message(events: list[dict[str, Any]], *, retry_drops: bool = True) -
         if kind == "message_start":
             started = event.get("message")
             if isinstance(started, dict) and started.get("role") == "assistant":
-                message, blocks = dict(started), {}
+                message, blocks, streaming_arguments = dict(started), {}, {}
         elif kind == "message_retry" and not retry_drops:
-            blocks = {}
+            blocks, streaming_arguments = {}, {}
         elif kind in ("message_retry", "message_end"):  # a retry drops the partial message
             message = None
         elif kind == "message_update" and message is not None:
             update = event.get("assistantMessageEvent")
             if isinstance(update, dict):
-                _fold(blocks, update)
+                _fold(blocks, streaming_arguments, update)
     if message is None:
         return None
+    if tool_arguments:
+        for index, text in streaming_arguments.items():
+            if blocks.get(index, {}).get("type") == "toolCall":
+                blocks[index]["arguments"] = partial_arguments(text)
     message["content"] = [blocks[i] for i in sorted(blocks)]
     try:
         return AssistantMessage.model_validate(message)
@@ -318,7 +334,9 @@ def partial_message(events: list[dict[str, Any]], *, retry_drops: bool = True) -
         return None
 
 
-def _fold(blocks: dict[int, dict[str, Any]], update: dict[str, Any]) -> None:
+def _fold(
+    blocks: dict[int, dict[str, Any]], streaming_arguments: dict[int, str], update: dict[str, Any]
+) -> None:
     kind, index = update.get("type", ""), update.get("contentIndex", 0)
     if not isinstance(index, int) or isinstance(index, bool) or not isinstance(update.get("delta", ""), str):
         return
@@ -328,9 +346,65 @@ def _fold(blocks: dict[int, dict[str, Any]], update: dict[str, Any]) -> None:
         blocks[index] = {"type": "thinking", "thinking": ""}
     elif kind == "toolcall_start":
         blocks[index] = {"type": "toolCall", "id": update.get("id", ""), "name": update.get("toolName", "")}
+        streaming_arguments[index] = ""
     elif kind == "text_delta" and index in blocks:
         blocks[index]["text"] = blocks[index].get("text", "") + update.get("delta", "")
     elif kind == "thinking_delta" and index in blocks:
         blocks[index]["thinking"] = blocks[index].get("thinking", "") + update.get("delta", "")
+    elif kind == "toolcall_delta" and index in streaming_arguments:
+        streaming_arguments[index] += update.get("delta", "")
     elif kind == "toolcall_end" and isinstance(update.get("toolCall"), dict):
         blocks[index] = update["toolCall"]
+        streaming_arguments.pop(index, None)
+
+
+# How many prefixes of streaming arguments are tried, last first, before ``{}``.
+_PARTIAL_TRIES = 16
+# Longer streaming arguments read as ``{}`` until they end (a query's time).
+_PARTIAL_MAX_CHARS = 1_000_000
+
+
+def partial_arguments(text: str) -> dict[str, Any]:
+    """A tool call's arguments as far as they have streamed (pi's
+    ``parseStreamingJson``): the JSON so far with its open string, arrays
+    and objects closed, and a key or value not finished yet left out;
+    ``{}`` while nothing of it reads as an object (or past a million
+    characters)."""
+    if not text.strip() or len(text) > _PARTIAL_MAX_CHARS:
+        return {}
+    with contextlib.suppress(ValueError):
+        whole = json.loads(text)
+        return whole if isinstance(whole, dict) else {}
+    open_: list[str] = []  # the closers of the open arrays and objects
+    ends: deque[tuple[int, str]] = deque(maxlen=_PARTIAL_TRIES)  # where a prefix may end, its closers
+    in_string = escaped = False
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+                ends.append((i + 1, "".join(reversed(open_))))
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            open_.append("}" if char == "{" else "]")
+            ends.append((i + 1, "".join(reversed(open_))))
+        elif char in "}]":
+            if open_:
+                open_.pop()
+            ends.append((i + 1, "".join(reversed(open_))))
+        elif char not in " \t\r\n,:":
+            ends.append((i + 1, "".join(reversed(open_))))  # a number or literal so far
+    if in_string:  # a string value so far, closed (a key so far reads as nothing)
+        ends.append((len(text) - escaped, '"' + "".join(reversed(open_))))
+    for end, closers in reversed(ends):
+        try:
+            value = json.loads(text[:end] + closers)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
