@@ -72,43 +72,53 @@ def default_convert_to_llm(messages: list[AgentMessage]) -> list[AgentMessage]:
 def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) -> list[dict[str, Any]]:
     """Our transcript as Chat Completions ``messages``.
 
-    Failed or aborted assistant turns are left out (their partial output
-    would mislead the model), and with them any results of their tool
-    calls: a ``tool`` message must answer a call the model is sent.
-    Tool-result images, which a ``tool`` message cannot carry, follow as ONE
-    user message after the last of a batch's ``tool`` messages, as pi does:
-    an assistant's ``tool_calls`` must be answered by ``tool`` messages
-    before anything else, or the server refuses the request (400), and
-    every later one with it in the context.
+    An assistant's ``tool_calls`` must be answered, each, by the ``tool``
+    messages right after it, and a ``tool`` message must answer one: else
+    the server refuses the request (400), and every later one with it in
+    the context. So, as pi's conversion does:
+
+    - failed or aborted assistant turns are left out (their partial output
+      would mislead the model), and the results of their calls with them;
+    - a call left without a result (a transcript given at the start) is
+      answered "No result provided" when the next message comes;
+    - tool-result images, which a ``tool`` message cannot carry, follow in
+      ONE user message after the batch's last ``tool`` message.
+
+    A result that answers no call the model is sent is left out.
     """
     out: list[dict[str, Any]] = []
     if system_prompt:
         out.append({"role": "system", "content": system_prompt})
-    left_out: set[str] = set()  # tool call ids of the assistant turn just left out
-    images: list[dict[str, Any]] = []  # of the tool results since the last non-tool message
+    unanswered: dict[str, None] = {}  # the open batch's calls without a result yet, in order
+    images: list[dict[str, Any]] = []  # the open batch's result images
+
+    def close_batch() -> None:
+        out.extend({"role": "tool", "tool_call_id": i, "content": "No result provided"} for i in unanswered)
+        unanswered.clear()
+        if images:
+            out.append({"role": "user", "content": list(images)})
+            images.clear()
+
     for message in messages:
-        if not isinstance(message, ToolResultMessage) and images:
-            out.append({"role": "user", "content": images})
-            images = []
-        if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _user_content(message.content)})
-        elif isinstance(message, AssistantMessage):
-            left_out = {call.id for call in message.tool_calls}
-            if message.stop_reason in ("error", "aborted"):
+        if isinstance(message, ToolResultMessage):
+            if message.tool_call_id not in unanswered:
+                logger.warning("Left out a tool result that answers no call sent: %s", message.tool_call_id)
                 continue
-            left_out = set()
-            out.append(_assistant_message(message))
-        elif isinstance(message, ToolResultMessage):
-            if message.tool_call_id in left_out:
-                continue
+            del unanswered[message.tool_call_id]
             text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
             out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
             returned = [c for c in message.content if isinstance(c, ImageContent)]
             if returned:
                 images.append({"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"})
                 images.extend(_image_part(i) for i in returned)
-    if images:
-        out.append({"role": "user", "content": images})
+            continue
+        close_batch()
+        if isinstance(message, UserMessage):
+            out.append({"role": "user", "content": _user_content(message.content)})
+        elif isinstance(message, AssistantMessage) and message.stop_reason not in ("error", "aborted"):
+            out.append(_assistant_message(message))
+            unanswered.update(dict.fromkeys(call.id for call in message.tool_calls))
+    close_batch()
     return out
 
 

@@ -145,7 +145,7 @@ def test_reasoning_goes_back_to_the_model_in_the_field_it_came_in(field: str) ->
         "thinking": "plan A",
         "thinkingSignature": field,
     }
-    sent = to_openai_messages(None, [UserMessage(content="hi", timestamp=0), message])[-1]
+    sent = to_openai_messages(None, [UserMessage(content="hi", timestamp=0), message])[1]
     assert sent[field] == "plan A" and sent["tool_calls"][0]["id"] == "c1"
 
 
@@ -338,6 +338,41 @@ def test_results_of_a_left_out_assistant_turn_are_left_out_too() -> None:
         ("user", None),
         ("assistant", None),
         ("tool", "a"),
+    ]
+    assert tool_message_problem(sent) is None
+
+
+def test_a_call_left_without_a_result_is_answered_and_a_stray_result_left_out() -> None:
+    """A transcript given at the start may hold a call without its result,
+    or a result of no call: as sent, every model call was refused (400).
+    pi answers such a call "No result provided" when the next message comes."""
+    sent = to_openai_messages(
+        None,
+        [
+            UserMessage(content="go", timestamp=0),
+            _turn("a", "b"),
+            _result("b", image=True),
+            _result("z"),
+            UserMessage(content="and?", timestamp=0),
+            _turn("c"),
+        ],
+    )
+    assert [(m["role"], m.get("tool_call_id"), m.get("content")) for m in sent if m["role"] != "user"] == [
+        ("assistant", None, None),
+        ("tool", "b", "result b"),
+        ("tool", "a", "No result provided"),
+        ("assistant", None, None),
+        ("tool", "c", "No result provided"),
+    ]
+    assert [m["role"] for m in sent] == [
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+        "user",
+        "assistant",
+        "tool",
     ]
     assert tool_message_problem(sent) is None
 

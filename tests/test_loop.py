@@ -702,6 +702,23 @@ async def test_tool_images_reach_the_model_after_all_the_batch_tool_messages(sta
     await handle.signal("close")
 
 
+async def test_a_start_transcript_with_a_call_left_unanswered_still_gets_answers(stack: Stack) -> None:
+    """A transcript given at the start whose last assistant turn has a call
+    without a result made every model call fail (400); the call is answered
+    "No result provided" in what the model is sent, as pi does."""
+    stack.script({"text": "ok"})
+    asked = {"type": "toolCall", "id": "c1", "name": "echo", "arguments": {"text": "x"}}
+    messages = [
+        {"role": "user", "content": "echo x", "timestamp": 1},
+        {"role": "assistant", "content": [asked], "stopReason": "toolUse", "timestamp": 2},
+    ]
+    handle = await stack.start(prompt="hi", messages=messages, closeWhenIdle=True)
+    assert (await handle.result()).messages[-1].text == "ok"
+    sent = stack.requests()[0]["messages"]
+    assert sent[2] == {"role": "tool", "tool_call_id": "c1", "content": "No result provided"}
+    assert sent[3]["role"] == "user"
+
+
 async def test_settings_reach_the_model_and_the_key_stays_out_of_history(stack: Stack) -> None:
     stack.script({"text": "ok"})
     handle = await stack.start(
