@@ -29,7 +29,7 @@ from typing import Any
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError
 
-from workflows.models import EVENTS_TOPIC, WireModel
+from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, WireModel
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,12 @@ class ActivityEventPublisher:
     seconds, long enough to miss heartbeats. Ours is stopped by a flag.
     """
 
-    def __init__(self, batch_ms: int, max_batches: int | None = None) -> None:
+    def __init__(self, batch_ms: int, max_batches: int | None = None, *, call: str | None = None) -> None:
+        """``call``: the model call's mark (``LlmRequest.stream_call``), sent
+        with the first batch."""
         self._client = WorkflowStreamClient.from_within_activity()
         self._topic = self._client.topic(EVENTS_TOPIC)
+        self._call = call
         self._base_interval = max(batch_ms, 1) / 1000
         self._interval = self._base_interval
         self._budget = max_batches
@@ -135,6 +138,9 @@ class ActivityEventPublisher:
         batch, self._buffer = self._buffer, []
         if batch:
             self.batches += 1
+            if self._call is not None:  # the first batch says which call it is of
+                self._client.topic(MODEL_CALL_TOPIC).publish(self._call)
+                self._call = None
         for event in batch:
             self._topic.publish(event)
         try:

@@ -124,7 +124,7 @@ class LlmActivities:
         assembler = StreamAssembler(request.model)
         budget = request.max_batches >> (info.attempt - 1) if request.max_batches else None
         publisher = ActivityEventPublisher(
-            request.stream_batch_ms, None if budget is None else max(1, budget)
+            request.stream_batch_ms, None if budget is None else max(1, budget), call=request.stream_call
         )
         metrics = _ModelMetrics(request.model)
         async with publisher as events, heartbeating():

@@ -129,6 +129,52 @@ async def test_worker_killed_while_a_tool_runs(
         print(f"\n[crash] SIGKILL during a tool: resumed after {resumed_after:.2f} s")
 
 
+async def test_an_aborted_call_retried_on_a_new_worker_publishes_nothing_after_its_run(
+    stack: Stack, workers: Workers
+) -> None:
+    """The worker dies mid-answer and the conversation is aborted while no
+    worker is up. The run ends aborted on the next worker, which also
+    starts the model call's retry before hearing of the cancel: that
+    attempt's `message_retry` and deltas reached the stream after the run's
+    `agent_end`, and into the next run's answer (found by a chaos audit)."""
+    first = workers.start()
+    slow = {"text": "old answer " * 30, "delay_ms": 60, "chunk_chars": 6}
+    stack.script(slow, slow, {"text": "the new answer"})
+    handle = await start_conversation(
+        stack.client,
+        f"crash-abort-{uuid.uuid4().hex[:6]}",
+        {"model": stack.model, "prompt": "talk"},
+        task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
+    )
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 2)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    await handle.signal("abort")
+    await asyncio.sleep(3.5)  # past the heartbeat timeout: the server retries the call
+    workers.start()
+    await handle.execute_update("wait_for_idle")
+    await handle.execute_update("prompt", "again")
+    await log.wait_for_type("agent_end", count=2)
+    await asyncio.sleep(1.5)  # what the retried attempt would still send
+    events = await log.wait_for_type("agent_end", count=2)
+    log.close()
+    first_end = next(i for i, e in enumerate(events) if e["type"] == "agent_end")
+    after = events[first_end + 1 :]
+    assert after[0]["type"] == "agent_start" and after[-1]["type"] == "agent_end"
+    assert not [e for e in after if e["type"] == "message_retry"]
+    deltas = [
+        e["assistantMessageEvent"].get("delta", "")
+        for e in after
+        if e["type"] == "message_update" and e["assistantMessageEvent"]["type"] == "text_delta"
+    ]
+    answer = next(
+        e["message"] for e in after if e["type"] == "message_end" and e["message"]["role"] == "assistant"
+    )
+    assert "".join(deltas) == answer["content"][0]["text"]
+    await handle.signal("close")
+
+
 async def start_on(stack: Stack, workers: Workers, prompt: str) -> Any:
     return await start_conversation(
         stack.client,

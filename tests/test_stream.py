@@ -18,7 +18,7 @@ import client
 from activities.events import ActivityEventPublisher
 from client import Conversation, PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
-from workflows.models import AgentStartEvent, MessageUpdateEvent
+from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AgentStartEvent, MessageUpdateEvent
 from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_arguments, partial_message
 
 SCRIPT: list[dict[str, Any]] = [
@@ -548,3 +548,73 @@ def test_a_tool_call_streaming_shows_its_arguments_so_far_in_state() -> None:
 )
 def test_partial_arguments_read_what_has_streamed(streamed: str, reads: dict[str, Any]) -> None:
     assert partial_arguments(streamed) == reads
+
+
+async def test_events_marked_for_a_model_call_not_in_progress_never_reach_the_stream(stack: Stack) -> None:
+    """A model call's activity marks its first batch with its call
+    (``LlmRequest.stream_call``). What a publisher marked for a call that
+    is not in progress sends (an aborted call's retry, or its first token
+    just after the abort) is dropped, that batch and its later ones; a
+    publisher without a mark (a tool's progress) is published as ever."""
+    stack.script({"text": "hello"})
+    handle = await stack.start(prompt="hi")
+    await read_events(stack.client, handle.id)
+    offset = (await handle.query("state"))["eventOffset"]
+
+    stale = WorkflowStreamClient.create(stack.client, handle.id)
+    stale.topic(MODEL_CALL_TOPIC).publish("an-aborted-call")
+    stale.topic(EVENTS_TOPIC).publish({"type": "message_retry", "attempt": 2})
+    await stale.flush()
+    stale.topic(EVENTS_TOPIC).publish({"type": "message_retry", "attempt": 3})  # no mark: the same publisher
+    await stale.flush()
+    unmarked = WorkflowStreamClient.create(stack.client, handle.id)
+    progress = {
+        "type": "tool_execution_update",
+        "toolCallId": "t",
+        "toolName": "slow",
+        "args": {},
+        "partialResult": "1",
+    }
+    unmarked.topic(EVENTS_TOPIC).publish(progress)
+    await unmarked.flush()
+
+    late = await read_events_until(stack.client, handle.id, offset, "tool_execution_update")
+    assert [e["type"] for e in late] == ["tool_execution_update"]
+    assert (await handle.query("state"))["eventOffset"] == offset + 1  # the mark is no event either
+    await handle.signal("close")
+
+
+async def read_events_until(client: Any, workflow_id: str, offset: int, kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    async for _offset, event in follow(client, workflow_id, offset):
+        out.append(event)
+        if event["type"] == kind:
+            return out
+    return out
+
+
+async def test_a_model_call_marks_its_first_batch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[str, Any]] = []
+
+    class Topics(FakeStreamClient):
+        def topic(self, name: str) -> Any:
+            client = self
+
+            class Topic:
+                def publish(self, value: Any) -> None:
+                    sent.append((name, value))
+                    client.sent.append(value)
+
+            return Topic()
+
+    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(Topics))
+    async with ActivityEventPublisher(batch_ms=10, call="run/1") as events:
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.1)
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.1)
+    assert sent == [
+        (MODEL_CALL_TOPIC, "run/1"),
+        (EVENTS_TOPIC, {"type": "agent_start"}),
+        (EVENTS_TOPIC, {"type": "agent_start"}),
+    ]

@@ -162,6 +162,7 @@ class ActivityCalls:
                 turn=session.turns.total + 1,
                 stream_batch_ms=settings.stream_batch_ms,
                 max_batches=self._batch_budget(1),
+                stream_call=self._stream.model_call,
             )
             # An abort answers at once with what had streamed, instead of
             # waiting for the activity to hear of it (up to a heartbeat).

@@ -238,6 +238,10 @@ class LlmRequest(WireModel):
     max_batches: int | None = None
     """The most event batches (signals) this call may publish; the rest
     is returned with the result."""
+    stream_call: str | None = None
+    """This call's mark: every attempt sends it (topic ``MODEL_CALL_TOPIC``)
+    with its first batch of events, so that the workflow drops what an
+    attempt of a call that has ended (aborted) still publishes."""
 
 
 class LlmResult(WireModel):

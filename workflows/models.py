@@ -401,3 +401,7 @@ AgentEvent = Annotated[
 ]
 EventAdapter: TypeAdapter[Any] = TypeAdapter(AgentEvent)
 EVENTS_TOPIC = "events"
+# A model call's activity publishes its call's mark on this topic with its
+# first batch of events; the workflow takes it out (never in the log) and
+# so tells a cancelled call's late events from the next call's.
+MODEL_CALL_TOPIC = "__agent_model_call"

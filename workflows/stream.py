@@ -39,7 +39,7 @@ from temporalio.contrib.workflow_streams import (
 from temporalio.exceptions import ApplicationError
 
 from workflows.inputs import refusal
-from workflows.models import EVENTS_TOPIC, AssistantMessage, WireModel
+from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AssistantMessage, WireModel
 
 # The stream's wire protocol (its clients use the same names).
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
@@ -65,6 +65,8 @@ MAX_WAITING_READS = 5
 SUBSCRIBER_GRACE = timedelta(seconds=1)
 # Without subscriber tracking: two poll cooldowns.
 UNTRACKED_GRACE = timedelta(milliseconds=200)
+# How many model call attempts' publishers the workflow remembers (each a few dozen bytes).
+_PUBLISHERS_REMEMBERED = 256
 # The most of the event stream (its items as sent, base64) a continue-as-new carries.
 STREAM_BYTES_CARRIED = 4 * 1024 * 1024
 
@@ -86,8 +88,11 @@ class EventStream:
         self.tracking = False
         self._detached = False
         self.model_call_offset: int | None = None  # where the model call in progress started
+        self.model_call: str | None = None  # the mark of the model call in progress
+        self._model_calls = 0  # model calls started by this execution
         self._model_publishers: set[str] = set()
         self._closed_publishers: deque[str] = deque(maxlen=64)
+        self._publisher_calls: dict[str, str] = {}  # publisher -> the model call it marked
         self.run_active: Callable[[], bool] = lambda: False  # set by the workflow
         self._waiting_reads = 0  # polls and run-end waits in their handlers
         self._run_end: int | None = None  # the offset just past the last agent_end published
@@ -111,6 +116,13 @@ class EventStream:
                 publisher = payload.publisher_id
                 if publisher and publisher in self._closed_publishers:
                     return  # late deltas of an aborted model call, after its aborted message
+                payload = self._take_call_mark(payload)
+                call = self._publisher_calls.get(publisher)
+                if call is not None and call != self.model_call:
+                    # An attempt of an ended (aborted) call that had sent
+                    # nothing before the abort: a retry on another worker,
+                    # or a first token that came just after.
+                    return
                 if publisher and self.model_call_offset is not None:
                     # While the model is called nothing else publishes: this is its activity.
                     self._model_publishers.add(publisher)
@@ -218,6 +230,8 @@ class EventStream:
 
     def model_call_started(self) -> None:
         self.model_call_offset = self.offset()
+        self._model_calls += 1
+        self.model_call = f"{workflow.info().run_id}/{self._model_calls}"
         self._model_publishers = set()
 
     def model_call_ended(self, *, aborted: bool = False) -> None:
@@ -226,7 +240,25 @@ class EventStream:
         if aborted:
             self._closed_publishers.extend(self._model_publishers)
         self.model_call_offset = None
+        self.model_call = None
         self._model_publishers = set()
+
+    def _take_call_mark(self, payload: PublishInput) -> PublishInput:
+        """``payload`` without its model call mark (``MODEL_CALL_TOPIC``),
+        noting which call its publisher belongs to."""
+        marks = [entry for entry in payload.items if entry.topic == MODEL_CALL_TOPIC]
+        if not marks:
+            return payload
+        try:
+            call = workflow.payload_converter().from_payloads([item_payload(marks[-1].data)])[0]
+        except Exception:  # not a mark this project sent
+            call = None
+        if isinstance(call, str) and payload.publisher_id:
+            if len(self._publisher_calls) >= _PUBLISHERS_REMEMBERED:
+                del self._publisher_calls[next(iter(self._publisher_calls))]
+            self._publisher_calls[payload.publisher_id] = call
+        items = [entry for entry in payload.items if entry.topic != MODEL_CALL_TOPIC]
+        return dataclasses.replace(payload, items=items)
 
     def streamed_message(
         self, *, retry_drops: bool = True, tool_arguments: bool = False
