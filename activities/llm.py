@@ -195,9 +195,17 @@ class LlmActivities:
                 type="ContextHookFailed",
                 non_retryable=True,
             ) from None
+        sent = to_openai_messages(request.system_prompt, messages)
+        if not sent:  # a model server refuses an empty list (400)
+            raise ApplicationError(
+                "Nothing to send to the model: the context holds no message a model reads (only "
+                "application messages, or none after the context hooks) and there is no system prompt.",
+                type="EmptyContext",
+                non_retryable=True,
+            )
         params: dict[str, Any] = {
             "model": request.model,
-            "messages": to_openai_messages(request.system_prompt, messages),
+            "messages": sent,
             "stream": True,
             "stream_options": {"include_usage": True},
         }

@@ -4,8 +4,10 @@ streamed chunks back to one ``AssistantMessage`` plus pi's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -93,7 +95,10 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
     images: list[dict[str, Any]] = []  # the open batch's result images
 
     def close_batch() -> None:
-        out.extend({"role": "tool", "tool_call_id": i, "content": "No result provided"} for i in unanswered)
+        for call_id in unanswered:
+            out.append(
+                {"role": "tool", "tool_call_id": wire_call_id(call_id), "content": "No result provided"}
+            )
         unanswered.clear()
         if images:
             out.append({"role": "user", "content": list(images)})
@@ -106,7 +111,7 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
                 continue
             del unanswered[message.tool_call_id]
             text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
-            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
+            out.append({"role": "tool", "tool_call_id": wire_call_id(message.tool_call_id), "content": text})
             returned = [c for c in message.content if isinstance(c, ImageContent)]
             if returned:
                 images.append({"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"})
@@ -120,6 +125,30 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
             unanswered.update(dict.fromkeys(call.id for call in message.tool_calls))
     close_batch()
     return out
+
+
+# What OpenAI takes: a tool call id of at most 40 characters, a function
+# name of letters, digits, `_` and `-` (at most 64).
+MAX_CALL_ID = 40
+_NOT_IN_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def wire_call_id(call_id: str) -> str:
+    """A tool call id as sent to the model: as it is when OpenAI takes it,
+    else cut with a digest of the whole (ids from other providers, such as
+    pi's Responses ids ``call_...|fc_...``, or vLLM's 46-character ones)."""
+    if len(call_id) <= MAX_CALL_ID:
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8", "replace")).hexdigest()[:10]
+    return f"{call_id[: MAX_CALL_ID - 11]}_{digest}"
+
+
+def _wire_tool_name(name: str) -> str:
+    """A called tool's name as sent back: one the model made up
+    (``multi_tool_use.parallel``, an empty one) made one OpenAI takes; its
+    result already says the tool was not found."""
+    cleaned = _NOT_IN_TOOL_NAME.sub("_", name)[:64]
+    return cleaned or "unknown_tool"
 
 
 def _user_content(content: str | list[TextContent | ImageContent]) -> str | list[dict[str, Any]]:
@@ -156,9 +185,9 @@ def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
     if message.tool_calls:
         result["tool_calls"] = [
             {
-                "id": call.id,
+                "id": wire_call_id(call.id),
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                "function": {"name": _wire_tool_name(call.name), "arguments": json.dumps(call.arguments)},
             }
             for call in message.tool_calls
         ]
@@ -210,6 +239,8 @@ class StreamAssembler:
         self._blocks: list[TextContent | ThinkingContent | ToolCall] = []
         self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
         self._tool_blocks: dict[int, int] = {}  # OpenAI tool index -> block index
+        self._tool_calls = 0  # calls started
+        self._sent_ids: dict[int, str] = {}  # tool block -> the id the server gave it
         self._call_ids: set[str] = set()
         self._open: int | None = None  # open text/thinking block
         self._open_tool: int | None = None  # tool call receiving deltas
@@ -273,18 +304,24 @@ class StreamAssembler:
     def _append_tool_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         function = call.get("function") or {}
-        index = call["index"] if call.get("index") is not None else len(self._tool_blocks)
+        index = call["index"] if call.get("index") is not None else self._tool_calls
         block_index = self._tool_blocks.get(index)
-        if block_index is None and len(self._tool_blocks) >= MAX_TOOL_CALLS_PER_ANSWER:
+        sent_id = call.get("id")
+        if block_index is not None and sent_id and sent_id != self._sent_ids.get(block_index):
+            block_index = None  # another call at an index in use (some Ollama versions number every call 0)
+        if block_index is None and self._tool_calls >= MAX_TOOL_CALLS_PER_ANSWER:
             self.too_many_calls = True
             return events
         if block_index is None:
             events += self._close_open() + self._close_tool()
             name = clean_text(function.get("name") or "")
-            call_id = self._unique_id(clean_text(call.get("id") or f"call_{len(self._tool_blocks)}"))
+            call_id = self._unique_id(clean_text(sent_id or f"call_{self._tool_calls}"))
             self._blocks.append(ToolCall(id=call_id, name=name))
             block_index = len(self._blocks) - 1
             self._tool_blocks[index] = block_index
+            self._tool_calls += 1
+            if sent_id:
+                self._sent_ids[block_index] = sent_id
             self._raw_args[block_index] = ""
             events.append(
                 {"type": "toolcall_start", "contentIndex": block_index, "id": call_id, "toolName": name}

@@ -23,6 +23,7 @@ import contextvars
 import functools
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -96,8 +97,44 @@ class ToolSpec:
 
 @functools.cache
 def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    """A model's JSON schema, built once (pydantic takes about a millisecond)."""
-    return model.model_json_schema()
+    """A model's JSON schema, built once (pydantic takes about a millisecond).
+    A model that refers to itself (a tree) is a ``$ref`` at the root, which
+    OpenAI refuses (the parameters must be ``"type": "object"``): the root
+    is the referred definition, written out."""
+    schema = model.model_json_schema()
+    ref = schema.get("$ref")
+    definitions = schema.get("$defs")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(definitions, dict):
+        root = definitions.get(ref.removeprefix("#/$defs/"))
+        if isinstance(root, dict):
+            schema = {**root, "$defs": definitions}
+    return schema
+
+
+# What OpenAI takes as a function's name and description (other servers take these too).
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+MAX_TOOL_DESCRIPTION = 1024
+
+
+def _declaration_problem(name: str, description: str, args_model: type[BaseModel]) -> str | None:
+    """Why a model server would refuse this tool in every request (so every
+    conversation on the worker), or None."""
+    if not _TOOL_NAME.fullmatch(name):
+        return (
+            f"Tool name {name!r} is not one models take: use 1 to 64 letters, digits, `_` "
+            "or `-` (name=... in @tool)."
+        )
+    if len(description) > MAX_TOOL_DESCRIPTION:
+        return (
+            f"Tool {name!r} has a description of {len(description):,} characters; models take "
+            f"at most {MAX_TOOL_DESCRIPTION:,}."
+        )
+    if _schema(args_model).get("type") != "object":
+        return (
+            f"Tool {name!r} takes {args_model.__name__}, whose JSON schema is not an object: "
+            "its arguments must be a pydantic model with fields (not a RootModel)."
+        )
+    return None
 
 
 _registry: dict[str, ToolSpec] = {}
@@ -136,6 +173,9 @@ def tool(
                 f"Tool {tool_name!r} must take exactly one argument annotated with a "
                 "pydantic model, e.g. `async def f(args: MyArgs) -> str`."
             )
+        problem = _declaration_problem(tool_name, description, args_model)
+        if problem is not None:
+            raise ValueError(problem)
         existing = _registry.get(tool_name)
         if existing is not None and existing.function is not function:
             raise ValueError(f"A tool named {tool_name!r} is already registered.")

@@ -21,6 +21,7 @@ from activities.openai_chat import (
     usage_from_openai,
 )
 from testbed.scripted_model.server import tool_message_problem
+from tests.support.tools import PIXEL_PNG
 from workflows.contract import LlmRequest
 from workflows.models import (
     AssistantMessage,
@@ -245,7 +246,7 @@ def test_an_image_goes_to_the_model_as_clean_base64_or_as_a_note() -> None:
     """Line breaks (base64.encodebytes) and missing padding are taken and
     sent without them; what no model would read goes as a note instead, so
     the call (and every later one) is not refused for it."""
-    png = bytes(range(100))
+    png = base64.b64decode(PIXEL_PNG) + bytes(range(100))  # long enough to wrap
     wrapped = base64.encodebytes(png).decode()  # a line break every 76 characters
     images = [
         ImageContent(data=wrapped, mime_type="image/png"),
@@ -281,7 +282,7 @@ def _turn(*call_ids: str, stop_reason: str = "toolUse") -> AssistantMessage:
 def _result(call_id: str, *, image: bool = False) -> ToolResultMessage:
     content: list[TextContent | ImageContent] = [TextContent(text=f"result {call_id}")]
     if image:
-        content.append(ImageContent(data=base64.b64encode(b"png").decode(), mime_type="image/png"))
+        content.append(ImageContent(data=PIXEL_PNG, mime_type="image/png"))
     return ToolResultMessage(tool_call_id=call_id, tool_name="picture", content=content)
 
 
@@ -378,7 +379,11 @@ def test_a_call_left_without_a_result_is_answered_and_a_stray_result_left_out() 
 
 
 def test_the_scripted_model_refuses_tool_messages_out_of_order() -> None:
-    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]}
+    calls = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": i, "function": {"name": "echo", "arguments": "{}"}} for i in "ab"],
+    }
     assert (
         tool_message_problem(
             [calls, {"role": "tool", "tool_call_id": "a"}, {"role": "tool", "tool_call_id": "b"}]
@@ -403,3 +408,52 @@ async def test_a_context_transform_calling_sys_exit_fails_the_call_not_the_worke
         await ActivityEnvironment().run(llm.stream_assistant_response, REQUEST)
     assert raised.value.type == "ContextHookFailed" and raised.value.non_retryable
     assert "The context transform failed: SystemExit: 2" in str(raised.value)
+
+
+def test_call_ids_and_names_openai_would_refuse_are_sent_as_ones_it_takes() -> None:
+    """A call id over 40 characters (pi's Responses ids `call_...|fc_...`,
+    vLLM's 46-character ones) or a tool name the model made up
+    (`multi_tool_use.parallel`, an empty one) made OpenAI refuse every later
+    call (400). The id is cut with a digest, the same in the call and its
+    result; the name made one OpenAI takes (its result says not found)."""
+    long_id = "call_" + "x" * 30 + "|fc_" + "y" * 45
+    sibling = long_id[:-1] + "z"  # the same first 40 characters
+    message = AssistantMessage.model_validate(
+        {
+            "content": [
+                ToolCall(id=long_id, name="multi_tool_use.parallel"),
+                ToolCall(id=sibling, name=""),
+                ToolCall(id="short", name="echo"),
+            ],
+            "stopReason": "toolUse",
+            "timestamp": 0,
+        }
+    )
+    results = [
+        ToolResultMessage(tool_call_id=i, tool_name="x", content=[TextContent(text="Tool x not found")])
+        for i in (long_id, sibling, "short")
+    ]
+    sent = to_openai_messages(None, [UserMessage(content="go", timestamp=0), message, *results])
+    calls = sent[1]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["multi_tool_use_parallel", "unknown_tool", "echo"]
+    ids = [c["id"] for c in calls]
+    assert ids[2] == "short" and len(set(ids)) == 3 and all(len(i) <= 40 for i in ids)
+    assert [m["tool_call_id"] for m in sent[2:]] == ids
+    assert tool_message_problem(sent) is None
+
+
+def test_a_new_call_id_at_an_index_in_use_is_another_call() -> None:
+    """Some Ollama versions stream every call of an answer at index 0: the
+    second call was appended to the first (its arguments `{..}{..}`, an
+    error result) and lost."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_tool_chunk(0, call_id="call_1", name="echo", args='{"text": "a"}'))
+    assembler.feed(_tool_chunk(0, call_id="call_2", name="echo", args='{"text":'))
+    assembler.feed(_tool_chunk(0, args=' "b"}'))
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    message, errors, _ = assembler.finish()
+    assert [(c.id, c.arguments) for c in message.tool_calls] == [
+        ("call_1", {"text": "a"}),
+        ("call_2", {"text": "b"}),
+    ]
+    assert errors == {}

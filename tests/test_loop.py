@@ -5,6 +5,7 @@ exact event order a client sees on the ``events`` topic."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
@@ -646,6 +647,9 @@ async def test_an_image_a_model_would_refuse_is_refused_by_prompt_and_never_sent
         "not base64!": "its data is not valid base64",
         f"data:image/png;base64,{pixel}": "its data is a data: URL",
         "": "its data is empty",
+        base64.b64encode(
+            b"<html>not a picture</html>"
+        ).decode(): "its data is not a PNG, JPEG, GIF or WebP image",
     }
     for data, why in refusals.items():
         with pytest.raises(WorkflowUpdateFailedError) as refused:
@@ -657,6 +661,10 @@ async def test_an_image_a_model_would_refuse_is_refused_by_prompt_and_never_sent
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update("prompt", message(pixel, "Image/SVG+XML"))
     assert "it is an SVG (vector) image, which models do not take" in str(refused.value.cause)
+    for kind in ("image/bmp", "image/tiff", "image/heic"):  # OpenAI: "You uploaded an unsupported image"
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("prompt", message(pixel, kind))
+        assert f"models take PNG, JPEG, GIF or WebP images, not {kind}" in str(refused.value.cause)
 
     stack.script({"text": "I cannot see it"}, {"text": "still answering"})
     await handle.signal("follow_up", message("not base64!"))  # a signal has no caller to refuse
@@ -717,6 +725,16 @@ async def test_a_start_transcript_with_a_call_left_unanswered_still_gets_answers
     sent = stack.requests()[0]["messages"]
     assert sent[2] == {"role": "tool", "tool_call_id": "c1", "content": "No result provided"}
     assert sent[3]["role"] == "user"
+
+
+async def test_a_context_with_nothing_a_model_reads_ends_the_run_with_a_sentence(stack: Stack) -> None:
+    """Only an application message and no system prompt: the model server
+    was sent `messages: []` and answered 400 in its own words."""
+    handle = await stack.start(prompt={"role": "ui-event", "content": "clicked"}, closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "error"
+    assert last.error_message is not None and last.error_message.startswith("Nothing to send to the model")
+    assert stack.requests() == []
 
 
 async def test_settings_reach_the_model_and_the_key_stays_out_of_history(stack: Stack) -> None:

@@ -133,6 +133,8 @@ def image_problem(image: ImageContent) -> str | None:
         return f"its mimeType {image.mime_type[:80]!r} is not an image type (e.g. image/png)"
     if image_type(image) == "image/svg+xml":
         return "it is an SVG (vector) image, which models do not take; send it as PNG or JPEG"
+    if image_type(image) not in _IMAGE_FORMATS:
+        return f"models take PNG, JPEG, GIF or WebP images, not {image_type(image)[:80]}"
     if image.data.startswith("data:"):
         return "its data is a data: URL; send the base64 after the comma alone"
     try:
@@ -141,7 +143,18 @@ def image_problem(image: ImageContent) -> str | None:
         return "its data is not valid base64"
     if not decoded:
         return "its data is empty"
+    if not any(decoded.startswith(magic) for magic in _IMAGE_MAGIC) and not _is_webp(decoded):
+        return "its data is not a PNG, JPEG, GIF or WebP image"
     return None
+
+
+# The image types OpenAI (and the other vision APIs) take, and how their bytes begin.
+_IMAGE_FORMATS = frozenset({"image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp"})
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
+
+
+def _is_webp(data: bytes) -> bool:
+    return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
 
 
 def image_type(image: ImageContent) -> str:

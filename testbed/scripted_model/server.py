@@ -13,6 +13,7 @@ import asyncio
 import copy
 import itertools
 import json
+import re
 import threading
 import time
 from collections import defaultdict, deque
@@ -369,13 +370,39 @@ async def _read_json(request: web.Request) -> Any:
         return None
 
 
+_FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def tools_problem(tools: Any) -> str | None:
+    """Why OpenAI would refuse these ``tools`` (400), or None: a function
+    name of letters, digits, `_` and `-`, parameters that are an object."""
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            return "Invalid 'tools[]': each tool needs a 'function'."
+        name = function.get("name")
+        if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+            return f"Invalid 'tools[].function.name': string does not match pattern: {name!r}"
+        parameters = function.get("parameters")
+        if parameters is not None and (
+            not isinstance(parameters, dict) or parameters.get("type") != "object"
+        ):
+            return (
+                f"Invalid schema for function '{name}': schema must be a JSON Schema of 'type: \"object\"'."
+            )
+    return None
+
+
 def tool_message_problem(messages: Any) -> str | None:
-    """Why OpenAI would refuse these ``messages`` for the order of their tool
-    calls and results (as it does, with status 400), or None: an assistant
-    message's ``tool_calls`` must be answered, each, by the ``tool``
-    messages right after it, and a ``tool`` message must answer one."""
+    """Why OpenAI would refuse these ``messages`` for their tool calls and
+    results (as it does, with status 400), or None: an assistant message's
+    ``tool_calls`` (ids of at most 40 characters, names of letters, digits,
+    `_` and `-`) must be answered, each, by the ``tool`` messages right
+    after it, and a ``tool`` message must answer one."""
     if not isinstance(messages, list):
         return None
+    if not messages:
+        return "Invalid 'messages': empty array. Expected an array with minimum length 1."
     open_calls: list[Any] = []  # calls of the last assistant message not answered yet
     answering = False  # the messages since that assistant message are all tool messages
     for message in messages:
@@ -393,6 +420,13 @@ def tool_message_problem(messages: Any) -> str | None:
         calls = message.get("tool_calls") if role == "assistant" else None
         open_calls = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
         answering = bool(open_calls)
+        for call in calls if isinstance(calls, list) else []:
+            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+            if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+                return f"Invalid 'tool_calls[].function.name': string does not match pattern: {name!r}"
+        for call_id in open_calls:
+            if not isinstance(call_id, str) or len(call_id) > 40:
+                return "Invalid 'tool_calls[].id': string too long. Expected a string with maximum length 40."
     if open_calls:
         return (
             "An assistant message with 'tool_calls' must be followed by tool messages responding "
@@ -411,7 +445,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return error_response(400, "body must be a JSON object with a string 'model'")
     store = request.app[STORE_KEY]
     store.record(body["model"], body)
-    problem = tool_message_problem(body.get("messages"))
+    problem = tool_message_problem(body.get("messages")) or tools_problem(body.get("tools"))
     if problem is not None:
         return error_response(400, problem)
     step = store.pop(body["model"]) or demo_brain.respond(body)

@@ -1,0 +1,68 @@
+"""Tools are declared once for every conversation on a worker: one a model
+server refuses would make every request of every conversation fail (400),
+so `@tool` refuses it with a sentence, and writes out what OpenAI cannot
+read (a schema whose root is a reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, RootModel
+
+from activities.tools import _registry, registered_tools, tool
+from testbed.scripted_model.server import tools_problem
+
+
+class Node(BaseModel):
+    value: int
+    children: list[Node] = []
+
+
+class Text(BaseModel):
+    text: str
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored() -> Any:
+    before = dict(_registry)
+    yield
+    _registry.clear()
+    _registry.update(before)
+
+
+def test_a_tool_taking_a_model_that_refers_to_itself_is_sent_as_an_object() -> None:
+    @tool(description="Sum a tree.")
+    async def tree(args: Node) -> str:
+        return "0"
+
+    spec = registered_tools()["tree"]
+    schema = spec.openai_tool()["function"]["parameters"]
+    assert schema["type"] == "object" and "$ref" not in schema
+    assert tools_problem([spec.openai_tool()]) is None
+    Draft202012Validator(schema).validate({"value": 1, "children": [{"value": 2, "children": []}]})
+    assert spec.declaration().parameters == schema  # what the workflow validates calls with
+
+
+@pytest.mark.parametrize(
+    ("name", "description", "model", "why"),
+    [
+        ("docs.search", "Search.", Text, "Tool name 'docs.search' is not one models take"),
+        ("größe", "Size.", Text, "Tool name 'größe' is not one models take"),
+        ("x" * 65, "Long.", Text, "is not one models take"),
+        ("wordy", "w" * 1500, Text, "has a description of 1,500 characters; models take at most 1,024"),
+        ("numbers", "Numbers.", RootModel[list[int]], "whose JSON schema is not an object"),
+    ],
+)
+def test_a_tool_a_model_server_would_refuse_is_refused_when_declared(
+    name: str, description: str, model: type[BaseModel], why: str
+) -> None:
+    async def function(args: Any) -> str:
+        return ""
+
+    function.__annotations__ = {"args": model, "return": str}
+    with pytest.raises(ValueError) as refused:
+        tool(description=description, name=name)(function)
+    assert why in str(refused.value)
+    assert name not in registered_tools()
