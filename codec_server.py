@@ -131,10 +131,14 @@ async def _read_payloads(request: web.Request) -> list[Payload]:
         body = json.loads(await request.read())
     except ValueError as err:  # also bytes that are not UTF-8
         raise Refused(400, f'The body is not JSON ({_reason(err)}): send {{"payloads": [...]}}.') from None
+    except RecursionError:
+        raise Refused(400, 'The body is JSON nested too deep to read: send {"payloads": [...]}.') from None
     if not isinstance(body, dict):
         raise Refused(400, 'The body is JSON but not an object: send {"payloads": [...]}.')
     try:
         payloads = list(json_format.ParseDict(body, Payloads()).payloads)
+    except RecursionError:
+        raise Refused(400, 'The body is JSON nested too deep to read: send {"payloads": [...]}.') from None
     except json_format.ParseError as err:
         raise Refused(
             400,

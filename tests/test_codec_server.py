@@ -205,6 +205,8 @@ def assert_one_sentence(status: int, text: str, expected_status: int, *words: st
         ("null", 400, ["not an object"]),
         ("[]", 400, ["not an object"]),
         ('{"payload": []}', 400, ["not a Payloads object"]),
+        ('{"a":' * 200_000 + "1" + "}" * 200_000, 400, ["nested too deep"]),
+        ("[" * 100_000 + "]" * 100_000, 400, ["nested too deep"]),
         (
             '{"payloads": [{"metadata": {"encoding": "anNvbi9wbGFpbg=="}, "data": "!!!"}]}',
             400,
