@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import heapq
 import math
 import operator
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -146,12 +148,71 @@ def workspace_root() -> Path:
 
 def _inside_workspace(path: str) -> Path:
     """Resolve ``path`` against the workspace; refuse anything outside it
-    (absolute paths, ``..``, symlinks that lead out)."""
+    (absolute paths, ``..``, symlinks that lead out) and anything hidden in
+    it (``.env``, ``.git/config``: where secrets are kept, such as the
+    worker's own in the default workspace, its working directory)."""
     root = workspace_root()
-    resolved = (root / path).resolve()
+    asked = _shown(path)
+    if "\0" in path:
+        raise ValueError(f"The path {asked} has a NUL character in it.")
+    try:
+        resolved = (root / path).resolve()
+    except RuntimeError:  # Python 3.11-3.12 (3.13 raises OSError)
+        raise ValueError(f"The path {asked} is a loop of symbolic links.") from None
+    except OSError as err:
+        raise ValueError(f"The path {asked} cannot be read: {err.strerror or err}.") from None
     if resolved != root and root not in resolved.parents:
-        raise PermissionError(f"{path!r} is outside the workspace {root}; only files inside it can be read.")
+        raise PermissionError(f"{asked} is outside the workspace; only files inside it can be read.")
+    if any(part.startswith(".") for part in resolved.relative_to(root).parts):
+        raise PermissionError(
+            f"{asked} is hidden (a name starting with a dot): hidden files and directories "
+            "(.env, .git, ...) often hold secrets and are not read."
+        )
     return resolved
+
+
+def _shown(path: str) -> str:
+    """A path a model asked for, as quoted back: at most 200 characters."""
+    return repr(path) if len(path) <= 200 else repr(path[:200]) + "..."
+
+
+def _open_inside(path: Path, asked: str, *, directory: bool = False) -> int:
+    """A descriptor of ``path`` (resolved inside the workspace), opened
+    without blocking on a FIFO or following a last symbolic link, and
+    checked again once open: a directory swapped for a symbolic link
+    between the check and the open would lead outside."""
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    if directory:
+        flags |= getattr(os, "O_DIRECTORY", 0)
+    what = "directory" if directory else "file"
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        raise FileNotFoundError(f"No {what} {_shown(asked)} in the workspace.") from None
+    try:
+        status = os.fstat(fd)
+        if not (stat.S_ISDIR(status.st_mode) if directory else stat.S_ISREG(status.st_mode)):
+            raise FileNotFoundError(f"No {what} {_shown(asked)} in the workspace.")
+        root = workspace_root()
+        try:
+            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # no /proc: the path must still name what was opened
+            again = path.resolve()
+            same = os.stat(again)
+            opened = again if (same.st_dev, same.st_ino) == (status.st_dev, status.st_ino) else Path("/")
+        if opened != root and root not in opened.parents:
+            raise PermissionError(
+                f"{_shown(asked)} is outside the workspace; only files inside it can be read."
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # What one call of read_file returns at most, and the longest line it shows whole.
@@ -159,6 +220,9 @@ MAX_READ_BYTES = 256 * 1024
 MAX_LINE_CHARS = 2000
 _MAX_LINE_BYTES = 4 * MAX_LINE_CHARS  # UTF-8: up to 4 bytes a character
 _SKIP_CHUNK = 64 * 1024
+# How far into a file one call reads at most (lines skipped to an offset, the
+# rest of a cut line): 256 MiB take about a second; a 4 GiB line took 15.
+MAX_SCAN_BYTES = 256 * 1024 * 1024
 # list_files shows at most this many entries (directories first, then by
 # name), looking at no more than MAX_SCAN_ENTRIES of a directory.
 MAX_LIST_ENTRIES = 1000
@@ -182,18 +246,35 @@ def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
     file is read up to the last line shown (and one more, to say whether
     more follow), never whole; a line longer than ``MAX_LINE_CHARS`` is
     cut, and the answer stops at ``MAX_READ_BYTES``."""
-    if not path.is_file():
-        raise FileNotFoundError(f"No file {args.path!r} in the workspace.")
+    fd = _open_inside(path, args.path)
     lines: list[str] = []
     size = 0
     note = ""
-    with path.open("rb") as file:
-        for _ in range(args.offset - 1):
-            if _next_line(file) is None:
-                break
+    with os.fdopen(fd, "rb") as file:
         number = args.offset
+        try:
+            for skipped in range(args.offset - 1):
+                if skipped % 1024 == 0 and file.tell() > MAX_SCAN_BYTES:
+                    raise _ScanLimit
+                if _next_line(file) is None:
+                    break
+        except _ScanLimit:
+            raise ValueError(
+                f"Line {args.offset} is more than {MAX_SCAN_BYTES // 2**20} MiB into the file: "
+                "read_file reads no further in one call."
+            ) from None
         while len(lines) < args.limit:
-            line = _next_line(file)
+            try:
+                line = _next_line(file)
+            except _ScanLimit as stopped:
+                if stopped.line is not None:
+                    text = stopped.line.decode("utf-8", errors="replace")[:MAX_LINE_CHARS]
+                    lines.append(f"{number:>5}  {text} [line cut at {MAX_LINE_CHARS} characters]")
+                note = (
+                    f"[Stopped in line {number}, {MAX_SCAN_BYTES // 2**20} MiB into the file: "
+                    "read_file reads no further in one call]"
+                )
+                break
             if line is None:
                 break
             raw, cut = line
@@ -207,8 +288,9 @@ def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
                 break
             lines.append(shown)
             number += 1
-        if not note and len(lines) == args.limit and _next_line(file) is not None:
+        if not note and len(lines) == args.limit and _more_lines(file):
             note = f"[More lines follow: read again with offset={number}]"
+        size_on_disk = os.fstat(file.fileno()).st_size
     body = "\n".join(lines) or (
         "(empty file)" if args.offset == 1 else f"(the file has fewer than {args.offset} lines)"
     )
@@ -216,11 +298,27 @@ def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
         body += "\n" + note
     details = {
         "path": str(path),
-        "bytes": path.stat().st_size,
+        "bytes": size_on_disk,
         "firstLine": args.offset,
         "linesShown": len(lines),
     }
     return ToolResult(content=body, details=details)
+
+
+class _ScanLimit(Exception):
+    """``MAX_SCAN_BYTES`` of the file read in one call; ``line``: the head
+    of the line it stopped in."""
+
+    def __init__(self, line: bytes | None = None) -> None:
+        super().__init__()
+        self.line = line
+
+
+def _more_lines(file: IO[bytes]) -> bool:
+    try:
+        return _next_line(file) is not None
+    except _ScanLimit:
+        return True
 
 
 def _next_line(file: IO[bytes]) -> tuple[bytes, bool] | None:
@@ -234,6 +332,8 @@ def _next_line(file: IO[bytes]) -> tuple[bytes, bool] | None:
         return line.rstrip(b"\r\n"), False
     cut = False
     while len(line) == _MAX_LINE_BYTES:  # the line goes on: skip the rest of it
+        if file.tell() > MAX_SCAN_BYTES:
+            raise _ScanLimit(line.rstrip(b"\r"))
         rest = file.readline(_SKIP_CHUNK)
         if not rest or rest == b"\n" or rest == b"\r\n":
             break
@@ -243,6 +343,14 @@ def _next_line(file: IO[bytes]) -> tuple[bytes, bool] | None:
         if len(rest) < _SKIP_CHUNK:
             break
     return line.rstrip(b"\r"), cut
+
+
+class _Descriptor:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class ListFilesArgs(BaseModel):
@@ -258,11 +366,10 @@ async def list_files(args: ListFilesArgs) -> str:
 def _list_files(path: Path, asked: str) -> str:
     """Directories first, then files, by name; hidden entries left out; at
     most ``MAX_LIST_ENTRIES`` shown, with a line saying how many were not."""
-    if not path.is_dir():
-        raise NotADirectoryError(f"No directory {asked!r} in the workspace.")
+    fd = _open_inside(path, asked, directory=True)
     entries: list[tuple[bool, str]] = []
     looked_at_all = True
-    with os.scandir(path) as scan:
+    with contextlib.closing(_Descriptor(fd)), os.scandir(fd) as scan:
         for count, entry in enumerate(scan):
             if count >= MAX_SCAN_ENTRIES:
                 looked_at_all = False

@@ -50,11 +50,19 @@ _URL_PASSWORD = re.compile(r"(://[^/\s:@]+):[^/\s@]+@")
 _LONG_RUN = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{32,}={0,2}")
 
 
+def scrub_known(text: str, known_secrets: Iterable[str | None]) -> str:
+    """``text`` with the given secrets (of ``MIN_KNOWN_SECRET_CHARS`` or
+    more) replaced by ``[redacted]``: for any text a tool returns, which may
+    quote a file or the environment holding them."""
+    for secret in sorted((s for s in known_secrets if s), key=len, reverse=True):
+        if len(secret) >= MIN_KNOWN_SECRET_CHARS and secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
 def scrub(text: str, known_secrets: Iterable[str | None] = ()) -> str:
     """``text`` with every credential-looking part replaced by ``[redacted]``."""
-    for secret in sorted((s for s in known_secrets if s), key=len, reverse=True):
-        if len(secret) >= MIN_KNOWN_SECRET_CHARS:
-            text = text.replace(secret, REDACTED)
+    text = scrub_known(text, known_secrets)
     text = _NAMED.sub(lambda m: m.group(1) + REDACTED, text)
     text = _SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _SHAPES.sub(REDACTED, text)

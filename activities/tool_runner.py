@@ -13,6 +13,7 @@ makes Temporal run the tool's side effect again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from temporalio import activity
 
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
-from activities.redact import scrub
+from activities.redact import scrub, scrub_known
 from activities.tools import (
     ToolArgumentsError,
     ToolContext,
@@ -125,7 +126,9 @@ class ToolActivities:
                 )
                 started = time.monotonic()
                 try:
-                    outcome = self._bounded(_as_outcome(await spec.function(args)), key)
+                    outcome = self._bounded(
+                        _as_outcome(await spec.function(args)), info.workflow_id or "", call.id
+                    )
                 except asyncio.CancelledError:
                     raise
                 except BaseException as err:  # the model sees the failure as an error result
@@ -136,21 +139,26 @@ class ToolActivities:
                 finally:
                     _current.reset(token)
         _record_tool_metrics(call.name, time.monotonic() - started, outcome.is_error)
-        if outcome.is_error:
-            outcome = self._scrubbed(outcome)
+        outcome = self._scrubbed(outcome)
         return outcome.model_copy(update={"events": events.tail})
 
     def _scrubbed(self, outcome: ToolOutcome) -> ToolOutcome:
-        """An error result with credentials taken out of its text."""
+        """The result with the worker's own secrets taken out of its text
+        (a tool may read or print them), and of an error's text whatever
+        looks like a credential too."""
+        clean = (lambda text: scrub(text, self._secrets)) if outcome.is_error else self._without_secrets
         content = [
-            c.model_copy(update={"text": scrub(c.text, self._secrets)}) if isinstance(c, TextContent) else c
+            c.model_copy(update={"text": clean(c.text)}) if isinstance(c, TextContent) else c
             for c in outcome.content
         ]
         return outcome.model_copy(update={"content": content})
 
-    def _bounded(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
+    def _without_secrets(self, text: str) -> str:
+        return scrub_known(text, self._secrets)
+
+    def _bounded(self, outcome: ToolOutcome, workflow_id: str, call_id: str) -> ToolOutcome:
         """The outcome, safe to send and to keep in the transcript."""
-        outcome = self.cap_output(outcome, key)
+        outcome = self.cap_output(outcome, workflow_id, call_id)
         notes: dict[str, Any] = {}
         details = outcome.details
         if nesting_depth(details) > MAX_NESTING or _json_size(details) > MAX_RESULT_BYTES:
@@ -175,16 +183,19 @@ class ToolActivities:
             return _error(f"The tool's result could not be encoded as JSON: {err}")
         return bounded
 
-    def cap_output(self, outcome: ToolOutcome, key: str) -> ToolOutcome:
+    def cap_output(self, outcome: ToolOutcome, workflow_id: str, call_id: str) -> ToolOutcome:
         """Keep at most ``output_cap`` characters of text for the model, with
-        a note saying so; the full output goes to a file named in ``details``."""
+        a note saying so; the full output goes to a file named in ``details``
+        (one per conversation and call, whatever their ids: see ``output_path``)."""
         cap = self._output_cap
-        full = "".join(c.text for c in outcome.content if isinstance(c, TextContent))
+        full = "".join(
+            scrub_known(c.text, self._secrets) for c in outcome.content if isinstance(c, TextContent)
+        )
         if len(full) <= cap:
             return outcome
-        path = self._output_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:200] + ".txt")
+        path = output_path(self._output_dir, workflow_id, call_id)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as file:
             file.write(full)
         kept: list[UserContent] = [c for c in outcome.content if not isinstance(c, TextContent)]
@@ -199,6 +210,21 @@ class ToolActivities:
         return outcome.model_copy(
             update={"content": kept, "details": {**details, "fullOutputPath": str(path)}}
         )
+
+
+def output_path(output_dir: Path, workflow_id: str, call_id: str) -> Path:
+    """Where a call's full output is written: a directory per conversation
+    and a file per call, each named by its id made safe for a file name
+    (cut) and a digest of the id itself. Ids that read the same once made
+    safe (``team/alice`` and ``team_alice``), long ones that share a start,
+    or a call id made up to look like another conversation's path never
+    share a file."""
+
+    def name(text: str) -> str:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+        return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', text)[:80]}-{digest}"
+
+    return output_dir / name(workflow_id) / f"tool-{name(call_id)}.txt"
 
 
 def _record_tool_metrics(tool: str, seconds: float, is_error: bool) -> None:

@@ -65,6 +65,7 @@ class Settings:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     # AES-256-GCM keys as (key id, 32 bytes): the first encrypts, all decrypt.
     encryption_keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    encryption_key_file: Path | None = None
     # The worker
     sandbox_precompile: bool = True
     sdk_fallbacks: bool = False
@@ -118,6 +119,7 @@ class Settings:
                 _number(env, "AGENT_MAX_DECOMPRESSED_BYTES", DEFAULT_MAX_DECOMPRESSED_BYTES, whole=True)
             ),
             encryption_keys=encryption_keys(env),
+            encryption_key_file=_optional_path(text("AGENT_ENCRYPTION_KEY_FILE")),
             sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
@@ -174,11 +176,23 @@ class Settings:
                     f"{what} {path} is inside the tools' workspace {self.workspace}: tools could read "
                     f"other conversations. Point {setting} (or AGENT_DATA_DIR) outside AGENT_WORKSPACE."
                 )
+            if path in self.workspace.parents:
+                raise SettingsError(
+                    f"The tools' workspace {self.workspace} is inside {what.lower()} {path}: tools could "
+                    f"read other conversations. Point AGENT_WORKSPACE outside {setting} (or AGENT_DATA_DIR)."
+                )
+        key_file = self.encryption_key_file
+        if key_file is not None and self.workspace in key_file.parents:
+            raise SettingsError(
+                f"AGENT_ENCRYPTION_KEY_FILE {key_file} is inside the tools' workspace {self.workspace}: "
+                "tools could read the keys. Keep it outside AGENT_WORKSPACE."
+            )
 
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""
         values = (self.openai_api_key, self.temporal_api_key, self.codec_token, self.aws_secret_access_key)
-        return tuple(v for v in values if v)
+        keys = tuple(base64.b64encode(key).decode() for _, key in self.encryption_keys)
+        return tuple(v for v in (*values, *keys) if v)
 
     def workflow_url(self, workflow_id: str) -> str:
         """The conversation's page in the Temporal UI."""

@@ -6,6 +6,7 @@ tool that holds it for seconds gets every call on the worker retried."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import tracemalloc
 from collections.abc import Awaitable, Iterator
@@ -26,6 +27,7 @@ from activities.builtin_tools import (
     list_files,
     read_file,
 )
+from activities.tool_runner import output_path
 from activities.tools import ToolResult
 from runtime.settings import Settings, SettingsError
 
@@ -201,6 +203,73 @@ async def test_read_file_refuses_paths_outside_the_workspace(workspace: Path) ->
         await read_file(ReadFileArgs(path="../../etc/passwd"))
 
 
+async def test_hidden_files_are_not_read_or_listed(
+    workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The default workspace is the worker's working directory, where its
+    `.env` (the API key, the encryption keys) is kept: read_file handed it
+    to the model."""
+    (workspace / ".env").write_text("OPENAI_API_KEY=sk-secret\n")
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "config").write_text("[remote]\n")
+    (workspace / "settings").symlink_to(workspace / ".env")
+    for path in (".env", "./.env", ".git/config", "settings"):
+        with pytest.raises(PermissionError, match="is hidden"):
+            await read_file(ReadFileArgs(path=path))
+    with pytest.raises(PermissionError, match="is hidden"):
+        await list_files(ListFilesArgs(path=".git"))
+
+
+async def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(
+    workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The path was checked, then opened: a directory replaced by a link to
+    another place in between was read through (a race won 1 time in 40)."""
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "f").write_text("OUTSIDE-SECRET")
+    (workspace / "d").mkdir()
+    (workspace / "d" / "f").write_text("inside")
+    checked = builtin_tools._inside_workspace("d/f")
+    (workspace / "d" / "f").unlink()
+    (workspace / "d").rmdir()
+    (workspace / "d").symlink_to(outside, target_is_directory=True)  # the swap
+    with pytest.raises(PermissionError, match="outside the workspace"):
+        builtin_tools._read_file(checked, ReadFileArgs(path="d/f"))
+    with pytest.raises((PermissionError, FileNotFoundError)):  # a link it does not follow
+        builtin_tools._list_files(builtin_tools._inside_workspace(".") / "d", "d")
+
+
+async def test_a_fifo_is_refused_at_once(workspace: Path) -> None:
+    """Opening a FIFO blocks until a writer comes: a thread of the worker's
+    pool was held for good (a file swapped for one after the check)."""
+    os.mkfifo(workspace / "pipe")
+    checked = builtin_tools._inside_workspace("pipe")
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError, match="No file 'pipe'"):
+        await asyncio.wait_for(
+            asyncio.to_thread(builtin_tools._read_file, checked, ReadFileArgs(path="pipe")), 5
+        )
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("a\0b", "has a NUL character in it"),
+        ("loop", "is a loop of symbolic links"),
+        ("d/" * 3000 + "f", "No file 'd/d/d/"),
+    ],
+)
+async def test_a_path_that_cannot_be_read_gets_one_short_sentence(
+    workspace: Path, path: str, says: str
+) -> None:
+    (workspace / "loop").symlink_to(workspace / "loop")
+    with pytest.raises((ValueError, FileNotFoundError)) as refused:
+        await read_file(ReadFileArgs(path=path))
+    assert says in str(refused.value) and len(str(refused.value)) < 400
+    assert str(workspace) not in str(refused.value)
+
+
 # --- list_files -----------------------------------------------------------------------------
 
 
@@ -260,3 +329,56 @@ def test_a_worker_refuses_a_workspace_holding_its_data(tmp_path: Path, storage: 
     assert "Point AGENT_TOOL_OUTPUT_DIR (or AGENT_DATA_DIR) outside AGENT_WORKSPACE" in str(refused.value)
     elsewhere = {"AGENT_TOOL_OUTPUT_DIR": str(tmp_path.parent / f"{tmp_path.name}-output")}
     Settings.from_env({**inside, **outside, **elsewhere}).check_workspace()  # no refusal
+
+
+def test_full_outputs_of_different_calls_never_share_a_file(tmp_path: Path) -> None:
+    """The file was the flattened `{workflowId}/tool-{callId}` cut at 200
+    characters: `team/alice` and `team_alice` shared files, long ids shared
+    one, and a model could name a call to overwrite another conversation's."""
+    pairs = [
+        ("team/alice-1", "call_0"),
+        ("team_alice-1", "call_0"),
+        ("c" * 300 + "1", "call_0"),
+        ("c" * 300 + "2", "call_0"),
+        ("c" * 300 + "1", "call_1"),
+        ("p", "q_tool-r"),
+        ("p/tool-q", "r"),
+        ("x", "y/tool-z"),
+        ("x/tool-y", "z"),
+    ]
+    paths = [output_path(tmp_path, workflow_id, call_id) for workflow_id, call_id in pairs]
+    assert len(set(paths)) == len(pairs)
+    assert all(p.parent.parent == tmp_path and len(p.name) < 150 for p in paths)
+    assert output_path(tmp_path, "team/alice-1", "call_0") == paths[0]  # a retry writes the same file
+
+
+def test_a_workspace_inside_the_worker_data_or_holding_its_key_file_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for workspace in (data / "payloads" / "default", data / "tool-output"):
+        with pytest.raises(SettingsError, match="is inside"):
+            Settings.from_env(
+                {"AGENT_DATA_DIR": str(data), "AGENT_WORKSPACE": str(workspace)}
+            ).check_workspace()
+    keys = tmp_path / "ws" / "keys.txt"
+    keys.parent.mkdir()
+    keys.write_text("k1:" + "A" * 43 + "=\n")
+    with pytest.raises(SettingsError, match=r"AGENT_ENCRYPTION_KEY_FILE .* is inside the tools' workspace"):
+        Settings.from_env(
+            {
+                "AGENT_DATA_DIR": str(data),
+                "AGENT_WORKSPACE": str(keys.parent),
+                "AGENT_ENCRYPTION_KEY_FILE": str(keys),
+            }
+        ).check_workspace()
+
+
+async def test_a_huge_line_is_not_read_to_its_end(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 GiB file with no line break took 15 s to show its first line cut
+    (the rest of the line was read to skip it), holding a thread meanwhile."""
+    monkeypatch.setattr(builtin_tools, "MAX_SCAN_BYTES", 1024 * 1024)
+    (workspace / "one-line").write_bytes(b"x" * (3 * 1024 * 1024) + b"\nsecond\n")
+    shown = text_of(await read_file(ReadFileArgs(path="one-line", limit=2)))
+    assert shown.startswith("    1  " + "x" * 100)
+    assert shown.endswith("[Stopped in line 1, 1 MiB into the file: read_file reads no further in one call]")
+    with pytest.raises(ValueError, match="Line 3 is more than 1 MiB into the file"):
+        await read_file(ReadFileArgs(path="one-line", offset=3))

@@ -112,3 +112,17 @@ async def test_a_tool_error_quoting_the_key_reaches_the_model_without_it(stack: 
     sent_to_model = json.dumps(stack.requests()[1]["messages"])
     assert "cannot connect" in sent_to_model and WORKER_KEY not in sent_to_model
     assert WORKER_KEY not in await history_text(stack, handle.id)
+
+
+async def test_a_tool_printing_the_key_returns_it_redacted(stack: Stack) -> None:
+    """Only error texts were scrubbed: a tool that printed the environment,
+    or read a `.env`, handed the worker's key to the model and the history."""
+    stack.script({"tool_calls": [{"id": "p1", "name": "printenv", "arguments": {}}]}, {"text": "noted"})
+    handle = await stack.start(prompt="debug", closeWhenIdle=True)
+
+    result = (await handle.result()).messages[2]
+
+    assert result.role == "toolResult" and not result.is_error
+    assert result.content[0].text.startswith(f"OPENAI_API_KEY={REDACTED}\nHOME=")
+    assert WORKER_KEY not in json.dumps(stack.requests()[1]["messages"])
+    assert WORKER_KEY not in await history_text(stack, handle.id)

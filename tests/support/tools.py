@@ -77,6 +77,11 @@ async def leaky(args: NoArgs) -> str:
     raise RuntimeError(f"cannot connect to postgres://agent:{key}@db:5432 (api_key={key}, token {key})")
 
 
+@tool(description="Prints the worker's environment, as a debugging tool or a `cat .env` might.")
+async def printenv(args: NoArgs) -> str:
+    return f"OPENAI_API_KEY={os.environ.get('OPENAI_API_KEY', '')}\nHOME={os.environ.get('HOME', '')}"
+
+
 @tool(description="Report the idempotency key of this call.")
 async def whoami(args: NoArgs) -> ToolResult:
     context = tool_context()
