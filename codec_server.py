@@ -63,6 +63,10 @@ DEFAULT_PORT = 8081
 DEFAULT_CORS_ORIGINS = ("http://localhost:8233", "http://127.0.0.1:8233", "http://localhost:8080")
 # A batch of payloads, each up to Temporal's 2 MB limit, as base64 in JSON.
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# One request of 600,000 tiny payloads took 25 s of the server's one thread,
+# holding every other request (the UI's next page) up; the UI and the CLI
+# send a page of history at a time.
+MAX_PAYLOADS = 20_000
 
 log = logging.getLogger("codec_server")
 
@@ -135,6 +139,13 @@ async def _read_payloads(request: web.Request) -> list[Payload]:
         raise Refused(400, 'The body is JSON nested too deep to read: send {"payloads": [...]}.') from None
     if not isinstance(body, dict):
         raise Refused(400, 'The body is JSON but not an object: send {"payloads": [...]}.')
+    items = body.get("payloads")
+    if isinstance(items, list) and len(items) > MAX_PAYLOADS:
+        raise Refused(
+            413,
+            f"At most {MAX_PAYLOADS:,} payloads in one request (this one has {len(items):,}): "
+            "send them in parts.",
+        )
     try:
         payloads = list(json_format.ParseDict(body, Payloads()).payloads)
     except RecursionError:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -36,7 +37,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import DataConverter, PayloadCodec
 
 import codec_server
-from codec_server import CodecSettings, build_app, settings_from
+from codec_server import MAX_PAYLOADS, CodecSettings, build_app, settings_from
 from runtime.payloads import data_converter
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, temporal_cli
@@ -535,3 +536,14 @@ async def test_a_malformed_reference_gets_a_4xx_not_a_store_failure(
         status, text = await Endpoint(url).call("decode", as_json([broken]))
 
     assert_one_sentence(status, text, 422, "Payload 0")
+
+
+async def test_a_request_of_too_many_payloads_is_refused_at_once(codec: LocalCodec) -> None:
+    """One /decode of 600,000 tiny payloads (36 MiB, under the body limit)
+    took 25 s of the server's one thread, and held every other request (the
+    UI's next page) up meanwhile."""
+    started = time.monotonic()
+    status, text = await codec.call("decode", as_json([payload(b'"x"')] * (MAX_PAYLOADS + 1)))
+    assert status == 413 and text.startswith(f"At most {MAX_PAYLOADS:,} payloads in one request")
+    assert time.monotonic() - started < 5
+    assert len(await codec.payloads("decode", [payload(b'"x"')] * MAX_PAYLOADS)) == MAX_PAYLOADS
