@@ -52,10 +52,19 @@ def load_tool_modules(names: Sequence[str]) -> None:
     for name in names:
         try:
             importlib.import_module(name)
-        except Exception as err:
+        except ModuleNotFoundError as err:
+            if err.name and not (name == err.name or name.startswith(f"{err.name}.")):
+                raise ToolModuleError(
+                    f"Cannot load tool module {name!r}: it imports {err.name!r}, which is not installed "
+                    "where the worker runs."
+                ) from None
             raise ToolModuleError(
-                f"Cannot load tool module {name!r}: {type(err).__name__}: {err}. "
+                f"Cannot load tool module {name!r}: {err}. "
                 "Check the module path (it must be importable from the worker's directory)."
+            ) from None
+        except Exception as err:  # the module's own code, a tool declaration refused included
+            raise ToolModuleError(
+                f"Cannot load tool module {name!r}: {type(err).__name__}: {str(err).rstrip('.')}."
             ) from None
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, RootModel
 
 from activities.tools import _registry, registered_tools, tool
 from testbed.scripted_model.server import tools_problem
+from worker import ToolModuleError, load_tool_modules
 
 
 class Node(BaseModel):
@@ -66,3 +67,38 @@ def test_a_tool_a_model_server_would_refuse_is_refused_when_declared(
         tool(description=description, name=name)(function)
     assert why in str(refused.value)
     assert name not in registered_tools()
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "says"),
+    [
+        (
+            "nosuch_tools",
+            None,
+            "Cannot load tool module 'nosuch_tools': No module named 'nosuch_tools'. Check",
+        ),
+        (
+            "needs_dep_tools",
+            "import notinstalled_pkg\n",
+            "it imports 'notinstalled_pkg', which is not installed",
+        ),
+        (
+            "dotted_name_tools",
+            "from pydantic import BaseModel\nfrom activities.tools import tool\n"
+            "class A(BaseModel):\n    q: str\n"
+            "@tool(description='Search.', name='docs.search')\n"
+            "async def search(args: A) -> str:\n    return ''\n",
+            "ValueError: Tool name 'docs.search' is not one models take: use 1 to 64 letters, digits, "
+            "`_` or `-` (name=... in @tool).",
+        ),
+    ],
+)
+def test_a_tool_module_that_does_not_load_says_why_in_one_sentence(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, module: str, source: str | None, says: str
+) -> None:
+    if source is not None:
+        (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ToolModuleError) as failed:
+        load_tool_modules([module])
+    assert says in str(failed.value) and not str(failed.value).endswith("..")
