@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 REDACTED = "[redacted]"
 # A known secret shorter than this ("x" for a local model server) would
@@ -58,6 +59,24 @@ def scrub_known(text: str, known_secrets: Iterable[str | None]) -> str:
         if len(secret) >= MIN_KNOWN_SECRET_CHARS and secret in text:
             text = text.replace(secret, REDACTED)
     return text
+
+
+def scrub_json(value: Any, known_secrets: Iterable[str | None]) -> Any:
+    """``value`` (JSON) with ``scrub_known`` applied to every string in it."""
+    secrets = [s for s in known_secrets if s and len(s) >= MIN_KNOWN_SECRET_CHARS]
+    if not secrets:
+        return value
+
+    def clean(item: Any) -> Any:
+        if isinstance(item, str):
+            return scrub_known(item, secrets)
+        if isinstance(item, dict):
+            return {clean(k) if isinstance(k, str) else k: clean(v) for k, v in item.items()}
+        if isinstance(item, list):
+            return [clean(v) for v in item]
+        return item
+
+    return clean(value)
 
 
 def scrub(text: str, known_secrets: Iterable[str | None] = ()) -> str:

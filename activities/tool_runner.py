@@ -27,7 +27,7 @@ from temporalio import activity
 
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
-from activities.redact import scrub, scrub_known
+from activities.redact import scrub, scrub_json, scrub_known
 from activities.tools import (
     ToolArgumentsError,
     ToolContext,
@@ -107,7 +107,7 @@ class ToolActivities:
                             tool_call_id=call.id,
                             tool_name=call.name,
                             args=call.arguments,
-                            partial_result=_as_result_json(partial),
+                            partial_result=scrub_json(_as_result_json(partial), self._secrets),
                         ),
                         flush=True,
                     )
@@ -127,7 +127,7 @@ class ToolActivities:
                 started = time.monotonic()
                 try:
                     outcome = self._bounded(
-                        _as_outcome(await spec.function(args)), info.workflow_id or "", call.id
+                        _as_outcome(await spec.function(args)), info.workflow_id or "", key
                     )
                 except asyncio.CancelledError:
                     raise
@@ -151,14 +151,15 @@ class ToolActivities:
             c.model_copy(update={"text": clean(c.text)}) if isinstance(c, TextContent) else c
             for c in outcome.content
         ]
-        return outcome.model_copy(update={"content": content})
+        details = scrub_json(outcome.details, self._secrets)
+        return outcome.model_copy(update={"content": content, "details": details})
 
     def _without_secrets(self, text: str) -> str:
         return scrub_known(text, self._secrets)
 
-    def _bounded(self, outcome: ToolOutcome, workflow_id: str, call_id: str) -> ToolOutcome:
+    def _bounded(self, outcome: ToolOutcome, workflow_id: str, key: str) -> ToolOutcome:
         """The outcome, safe to send and to keep in the transcript."""
-        outcome = self.cap_output(outcome, workflow_id, call_id)
+        outcome = self.cap_output(outcome, workflow_id, key)
         notes: dict[str, Any] = {}
         details = outcome.details
         if nesting_depth(details) > MAX_NESTING or _json_size(details) > MAX_RESULT_BYTES:
@@ -183,17 +184,19 @@ class ToolActivities:
             return _error(f"The tool's result could not be encoded as JSON: {err}")
         return bounded
 
-    def cap_output(self, outcome: ToolOutcome, workflow_id: str, call_id: str) -> ToolOutcome:
+    def cap_output(self, outcome: ToolOutcome, workflow_id: str, key: str) -> ToolOutcome:
         """Keep at most ``output_cap`` characters of text for the model, with
         a note saying so; the full output goes to a file named in ``details``
-        (one per conversation and call, whatever their ids: see ``output_path``)."""
+        (one per conversation and call, named by the call's idempotency key,
+        which is unique in the conversation even when a model reuses call
+        ids: see ``output_path``)."""
         cap = self._output_cap
         full = "".join(
             scrub_known(c.text, self._secrets) for c in outcome.content if isinstance(c, TextContent)
         )
         if len(full) <= cap:
             return outcome
-        path = output_path(self._output_dir, workflow_id, call_id)
+        path = output_path(self._output_dir, workflow_id, key)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as file:
@@ -212,19 +215,19 @@ class ToolActivities:
         )
 
 
-def output_path(output_dir: Path, workflow_id: str, call_id: str) -> Path:
+def output_path(output_dir: Path, workflow_id: str, key: str) -> Path:
     """Where a call's full output is written: a directory per conversation
-    and a file per call, each named by its id made safe for a file name
-    (cut) and a digest of the id itself. Ids that read the same once made
-    safe (``team/alice`` and ``team_alice``), long ones that share a start,
-    or a call id made up to look like another conversation's path never
-    share a file."""
+    and a file per call (its idempotency key), each named by the id made
+    safe for a file name (cut) and a digest of the id itself. Ids that read
+    the same once made safe (``team/alice`` and ``team_alice``), long ones
+    that share a start, or a call id made up to look like another
+    conversation's path never share a file."""
 
     def name(text: str) -> str:
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
         return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', text)[:80]}-{digest}"
 
-    return output_dir / name(workflow_id) / f"tool-{name(call_id)}.txt"
+    return output_dir / name(workflow_id) / f"tool-{name(key)}.txt"
 
 
 def _record_tool_metrics(tool: str, seconds: float, is_error: bool) -> None:

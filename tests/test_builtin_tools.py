@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_tools
 from activities.builtin_tools import (
@@ -27,9 +29,11 @@ from activities.builtin_tools import (
     list_files,
     read_file,
 )
-from activities.tool_runner import output_path
+from activities.tool_runner import ToolActivities, output_path
 from activities.tools import ToolResult
 from runtime.settings import Settings, SettingsError
+from workflows.contract import ToolRequest
+from workflows.models import ToolCall
 
 MiB = 1024 * 1024
 # A heartbeat-style ticker may fall this far behind at most.
@@ -346,10 +350,39 @@ def test_full_outputs_of_different_calls_never_share_a_file(tmp_path: Path) -> N
         ("x", "y/tool-z"),
         ("x/tool-y", "z"),
     ]
-    paths = [output_path(tmp_path, workflow_id, call_id) for workflow_id, call_id in pairs]
+    paths = [output_path(tmp_path, w, f"{w}/tool-{c}") for w, c in pairs]
     assert len(set(paths)) == len(pairs)
     assert all(p.parent.parent == tmp_path and len(p.name) < 150 for p in paths)
-    assert output_path(tmp_path, "team/alice-1", "call_0") == paths[0]  # a retry writes the same file
+    assert (
+        output_path(tmp_path, "team/alice-1", "team/alice-1/tool-call_0") == paths[0]
+    )  # a retry: the same file
+
+
+async def test_a_model_reusing_a_call_id_gets_a_file_per_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some models number their calls `call_0` in every answer: the second
+    call's output replaced the first's, which its result still named. Each
+    call has its own idempotency key (unique in the conversation): its file."""
+    import tests.support.tools  # noqa: F401  (registers echo)
+
+    class NoStream:  # the tool publishes nothing: no workflow to signal
+        def topic(self, _name: str) -> Any:
+            return self
+
+    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(NoStream))
+
+    runner = ToolActivities(output_cap=10, output_dir=tmp_path)
+    paths = []
+    for key, text in (("wf/tool-call_0", "first " * 10), ("wf/tool-call_0-2", "second " * 10)):
+        request = ToolRequest(
+            tool_call=ToolCall(id="call_0", name="echo", arguments={"text": text}), idempotency_key=key
+        )
+        outcome = await ActivityEnvironment().run(runner.execute_tool, request)
+        paths.append(Path(outcome.details["fullOutputPath"]))
+    assert paths[0] != paths[1]
+    assert paths[0].read_text().startswith("echo: first")
+    assert paths[1].read_text().startswith("echo: second")
 
 
 def test_a_workspace_inside_the_worker_data_or_holding_its_key_file_is_refused(tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ async def test_a_tool_error_quoting_the_key_reaches_the_model_without_it(stack: 
 
 async def test_a_tool_printing_the_key_returns_it_redacted(stack: Stack) -> None:
     """Only error texts were scrubbed: a tool that printed the environment,
-    or read a `.env`, handed the worker's key to the model and the history."""
+    or read a `.env`, handed the worker's key to the model and the history
+    (in its result, its details and its progress updates)."""
     stack.script({"tool_calls": [{"id": "p1", "name": "printenv", "arguments": {}}]}, {"text": "noted"})
     handle = await stack.start(prompt="debug", closeWhenIdle=True)
 

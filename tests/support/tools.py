@@ -78,8 +78,11 @@ async def leaky(args: NoArgs) -> str:
 
 
 @tool(description="Prints the worker's environment, as a debugging tool or a `cat .env` might.")
-async def printenv(args: NoArgs) -> str:
-    return f"OPENAI_API_KEY={os.environ.get('OPENAI_API_KEY', '')}\nHOME={os.environ.get('HOME', '')}"
+async def printenv(args: NoArgs) -> ToolResult:
+    env = f"OPENAI_API_KEY={os.environ.get('OPENAI_API_KEY', '')}\nHOME={os.environ.get('HOME', '')}"
+    report_progress({"content": [{"type": "text", "text": env}]})
+    await asyncio.sleep(0.1)  # the progress is sent on its own (a signal), not with the result
+    return ToolResult(content=env, details={"environment": env})
 
 
 @tool(description="Report the idempotency key of this call.")
