@@ -544,6 +544,12 @@ def test_a_tool_call_streaming_shows_its_arguments_so_far_in_state() -> None:
         ('{"n": 12.5e', {"n": 12.5}),
         ('{"a": "x"}', {"a": "x"}),
         ("[1, 2", {}),
+        ('{"a": ' + "[" * 1500, {}),  # deeper than arguments are read: not a RecursionError out of `state`
+        ('{"a": ' + "[" * 1500 + "]" * 1500 + "}", {}),
+        (
+            '{"a": ' + "[" * 30 + "1" + "]" * 30,
+            {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
+        ),
     ],
 )
 def test_partial_arguments_read_what_has_streamed(streamed: str, reads: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from temporalio.contrib.workflow_streams import (
 )
 from temporalio.exceptions import ApplicationError
 
+from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.inputs import refusal
 from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AssistantMessage, WireModel
 
@@ -401,13 +402,13 @@ def partial_arguments(text: str) -> dict[str, Any]:
     ``parseStreamingJson``): the JSON so far with its open string, arrays
     and objects closed, and a key or value not finished yet left out;
     ``{}`` while nothing of it reads as an object (or past a million
-    characters)."""
+    characters, or nested deeper than the workflow reads arguments)."""
     if not text.strip() or len(text) > _PARTIAL_MAX_CHARS:
         return {}
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):
         whole = json.loads(text)
-        return whole if isinstance(whole, dict) else {}
-    open_: list[str] = []  # the closers of the open arrays and objects
+        return whole if isinstance(whole, dict) and nesting_depth(whole) <= MAX_NESTING else {}
+    closers = ""  # of the open arrays and objects, innermost first
     ends: deque[tuple[int, str]] = deque(maxlen=_PARTIAL_TRIES)  # where a prefix may end, its closers
     in_string = escaped = False
     for i, char in enumerate(text):
@@ -418,24 +419,25 @@ def partial_arguments(text: str) -> dict[str, Any]:
                 escaped = True
             elif char == '"':
                 in_string = False
-                ends.append((i + 1, "".join(reversed(open_))))
+                ends.append((i + 1, closers))
         elif char == '"':
             in_string = True
         elif char in "{[":
-            open_.append("}" if char == "{" else "]")
-            ends.append((i + 1, "".join(reversed(open_))))
+            closers = ("}" if char == "{" else "]") + closers
+            if len(closers) > MAX_NESTING:
+                return {}
+            ends.append((i + 1, closers))
         elif char in "}]":
-            if open_:
-                open_.pop()
-            ends.append((i + 1, "".join(reversed(open_))))
+            closers = closers[1:]
+            ends.append((i + 1, closers))
         elif char not in " \t\r\n,:":
-            ends.append((i + 1, "".join(reversed(open_))))  # a number or literal so far
+            ends.append((i + 1, closers))  # a number or literal so far
     if in_string:  # a string value so far, closed (a key so far reads as nothing)
-        ends.append((len(text) - escaped, '"' + "".join(reversed(open_))))
-    for end, closers in reversed(ends):
+        ends.append((len(text) - escaped, '"' + closers))
+    for end, closing in reversed(ends):
         try:
-            value = json.loads(text[:end] + closers)
-        except ValueError:
+            value = json.loads(text[:end] + closing)
+        except (ValueError, RecursionError):
             continue
         if isinstance(value, dict):
             return value
