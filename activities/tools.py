@@ -23,6 +23,7 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from typing import Any, Literal, get_type_hints
 from pydantic import BaseModel, Field, ValidationError
 
 from workflows.models import ToolDeclaration, UserContent
+
+logger = logging.getLogger(__name__)
 
 ExecutionMode = Literal["sequential", "parallel"]
 ToolFunction = Callable[[Any], Awaitable["str | ToolResult"]]
@@ -111,7 +114,8 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-# What OpenAI takes as a function's name and description (other servers take these too).
+# What OpenAI takes as a function's name; a longer description than this was
+# refused by OpenAI until 2025 (a warning now).
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_TOOL_DESCRIPTION = 1024
 
@@ -123,11 +127,6 @@ def _declaration_problem(name: str, description: str, args_model: type[BaseModel
         return (
             f"Tool name {name!r} is not one models take: use 1 to 64 letters, digits, `_` "
             "or `-` (name=... in @tool)."
-        )
-    if len(description) > MAX_TOOL_DESCRIPTION:
-        return (
-            f"Tool {name!r} has a description of {len(description):,} characters; models take "
-            f"at most {MAX_TOOL_DESCRIPTION:,}."
         )
     if _schema(args_model).get("type") != "object":
         return (
@@ -176,6 +175,13 @@ def tool(
         problem = _declaration_problem(tool_name, description, args_model)
         if problem is not None:
             raise ValueError(problem)
+        if len(description) > MAX_TOOL_DESCRIPTION:
+            logger.warning(
+                "Tool %r has a description of %d characters: some model servers take at most %d.",
+                tool_name,
+                len(description),
+                MAX_TOOL_DESCRIPTION,
+            )
         existing = _registry.get(tool_name)
         if existing is not None and existing.function is not function:
             raise ValueError(f"A tool named {tool_name!r} is already registered.")

@@ -52,7 +52,6 @@ def test_a_tool_taking_a_model_that_refers_to_itself_is_sent_as_an_object() -> N
         ("docs.search", "Search.", Text, "Tool name 'docs.search' is not one models take"),
         ("größe", "Size.", Text, "Tool name 'größe' is not one models take"),
         ("x" * 65, "Long.", Text, "is not one models take"),
-        ("wordy", "w" * 1500, Text, "has a description of 1,500 characters; models take at most 1,024"),
         ("numbers", "Numbers.", RootModel[list[int]], "whose JSON schema is not an object"),
     ],
 )
@@ -102,3 +101,12 @@ def test_a_tool_module_that_does_not_load_says_why_in_one_sentence(
     with pytest.raises(ToolModuleError) as failed:
         load_tool_modules([module])
     assert says in str(failed.value) and not str(failed.value).endswith("..")
+
+
+def test_a_long_description_is_declared_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    @tool(description="w" * 1500)
+    async def wordy(args: Text) -> str:
+        return ""
+
+    assert "wordy" in registered_tools()
+    assert "description of 1500 characters: some model servers take at most 1024" in caplog.text
