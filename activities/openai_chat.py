@@ -86,7 +86,8 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
     - tool-result images, which a ``tool`` message cannot carry, follow in
       ONE user message after the batch's last ``tool`` message.
 
-    A result that answers no call the model is sent is left out.
+    A result that answers no call the model is sent is left out, and so is
+    a user message with no content.
     """
     out: list[dict[str, Any]] = []
     if system_prompt:
@@ -119,7 +120,9 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
             continue
         close_batch()
         if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _user_content(message.content)})
+            content = _user_content(message.content)
+            if content:  # a server refuses an empty one (a transcript given at the start may hold it)
+                out.append({"role": "user", "content": content})
         elif isinstance(message, AssistantMessage) and message.stop_reason not in ("error", "aborted"):
             out.append(_assistant_message(message))
             unanswered.update(dict.fromkeys(call.id for call in message.tool_calls))

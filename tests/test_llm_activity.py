@@ -457,3 +457,17 @@ def test_a_new_call_id_at_an_index_in_use_is_another_call() -> None:
         ("call_2", {"text": "b"}),
     ]
     assert errors == {}
+
+
+def test_a_user_message_with_no_content_is_not_sent() -> None:
+    """A start transcript may hold `{"role": "user", "content": []}`:
+    OpenAI refuses an empty content array (400), every call."""
+    sent = to_openai_messages(
+        None,
+        [
+            UserMessage(content=[], timestamp=0),
+            UserMessage(content="", timestamp=0),
+            UserMessage(content="next", timestamp=0),
+        ],
+    )
+    assert sent == [{"role": "user", "content": "next"}]

@@ -407,6 +407,8 @@ def tool_message_problem(messages: Any) -> str | None:
     answering = False  # the messages since that assistant message are all tool messages
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
+        if role == "user" and message.get("content") == []:
+            return "Invalid 'messages[].content': empty array. Expected an array with minimum length 1."
         if role == "tool":
             if not answering or message.get("tool_call_id") not in open_calls:
                 return (
