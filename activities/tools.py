@@ -120,7 +120,7 @@ _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_TOOL_DESCRIPTION = 1024
 
 
-def _declaration_problem(name: str, description: str, args_model: type[BaseModel]) -> str | None:
+def _declaration_problem(name: str, args_model: type[BaseModel]) -> str | None:
     """Why a model server would refuse this tool in every request (so every
     conversation on the worker), or None."""
     if not _TOOL_NAME.fullmatch(name):
@@ -172,7 +172,7 @@ def tool(
                 f"Tool {tool_name!r} must take exactly one argument annotated with a "
                 "pydantic model, e.g. `async def f(args: MyArgs) -> str`."
             )
-        problem = _declaration_problem(tool_name, description, args_model)
+        problem = _declaration_problem(tool_name, args_model)
         if problem is not None:
             raise ValueError(problem)
         if len(description) > MAX_TOOL_DESCRIPTION:
