@@ -69,21 +69,27 @@ def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifac
 
 
 @pytest.fixture(scope="session")
-def metrics_port() -> int:
+def metrics_port(worker: int) -> int:
     """Where the shared worker serves its Prometheus metrics."""
-    return _METRICS_PORT
-
-
-_METRICS_PORT = free_port()
+    return worker
 
 
 @pytest.fixture(scope="session")
-def worker(worker_env: dict[str, str], artifacts: Path) -> Iterator[None]:
+def worker(worker_env: dict[str, str], artifacts: Path) -> Iterator[int]:
     """The real worker process, shared by the tests that do not kill it
-    (the only one serving metrics, on ``metrics_port()``)."""
-    env = {**worker_env, "AGENT_METRICS_PORT": str(_METRICS_PORT)}
-    process = start_worker(env, ["tests.support.tools"], artifacts / "worker.log")
-    yield
+    (the only one serving metrics: on the port it yields). The port is
+    chosen once the dev server holds its own, and chosen again if it was
+    taken meanwhile (the worker then exits at once: "Address already in use")."""
+    for attempt in range(1, 4):
+        port = free_port()
+        env = {**worker_env, "AGENT_METRICS_PORT": str(port)}
+        try:
+            process = start_worker(env, ["tests.support.tools"], artifacts / "worker.log")
+            break
+        except RuntimeError:
+            if attempt == 3:
+                raise
+    yield port
     stop_process(process)
 
 
@@ -94,7 +100,7 @@ async def client(dev_server: DevServer) -> AsyncIterator[Client]:
 
 @pytest.fixture
 async def stack(
-    client: Client, model_server: ScriptedModelServer, worker: None, dev_server: DevServer
+    client: Client, model_server: ScriptedModelServer, worker: int, dev_server: DevServer
 ) -> Stack:
     """A fresh model name (its own script queue) on the shared worker."""
     return Stack(client, model_server, "agent-tests", f"model-{uuid.uuid4().hex[:8]}", dev_server)
