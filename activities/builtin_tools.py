@@ -161,14 +161,22 @@ def _inside_workspace(path: str) -> Path:
         raise ValueError(f"The path {asked} is a loop of symbolic links.") from None
     except OSError as err:
         raise ValueError(f"The path {asked} cannot be read: {err.strerror or err}.") from None
-    if resolved != root and root not in resolved.parents:
-        raise PermissionError(f"{asked} is outside the workspace; only files inside it can be read.")
+    if not _is_inside(resolved, root):
+        raise _outside(asked)
     if any(part.startswith(".") for part in resolved.relative_to(root).parts):
         raise PermissionError(
             f"{asked} is hidden (a name starting with a dot): hidden files and directories "
             "(.env, .git, ...) often hold secrets and are not read."
         )
     return resolved
+
+
+def _is_inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _outside(asked: str) -> PermissionError:
+    return PermissionError(f"{asked} is outside the workspace; only files inside it can be read.")
 
 
 def _shown(path: str) -> str:
@@ -205,10 +213,8 @@ def _open_inside(path: Path, asked: str, *, directory: bool = False) -> int:
             again = path.resolve()
             same = os.stat(again)
             opened = again if (same.st_dev, same.st_ino) == (status.st_dev, status.st_ino) else Path("/")
-        if opened != root and root not in opened.parents:
-            raise PermissionError(
-                f"{_shown(asked)} is outside the workspace; only files inside it can be read."
-            )
+        if not _is_inside(opened, root):
+            raise _outside(_shown(asked))
     except BaseException:
         os.close(fd)
         raise
@@ -268,8 +274,7 @@ def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
                 line = _next_line(file)
             except _ScanLimit as stopped:
                 if stopped.line is not None:
-                    text = stopped.line.decode("utf-8", errors="replace")[:MAX_LINE_CHARS]
-                    lines.append(f"{number:>5}  {text} [line cut at {MAX_LINE_CHARS} characters]")
+                    lines.append(_numbered(number, stopped.line, cut=True))
                 note = (
                     f"[Stopped in line {number}, {MAX_SCAN_BYTES // 2**20} MiB into the file: "
                     "read_file reads no further in one call]"
@@ -277,11 +282,7 @@ def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
                 break
             if line is None:
                 break
-            raw, cut = line
-            text = raw.decode("utf-8", errors="replace")
-            if cut or len(text) > MAX_LINE_CHARS:
-                text = text[:MAX_LINE_CHARS] + f" [line cut at {MAX_LINE_CHARS} characters]"
-            shown = f"{number:>5}  {text}"
+            shown = _numbered(number, *line)
             size += len(shown.encode()) + 1
             if size > MAX_READ_BYTES and lines:
                 note = f"[Stopped at {MAX_READ_BYTES // 1024} KiB: read again with offset={number}]"
@@ -303,6 +304,14 @@ def _read_file(path: Path, args: ReadFileArgs) -> ToolResult:
         "linesShown": len(lines),
     }
     return ToolResult(content=body, details=details)
+
+
+def _numbered(number: int, raw: bytes, cut: bool) -> str:
+    """A line as shown: its number, its text, cut at ``MAX_LINE_CHARS``."""
+    text = raw.decode("utf-8", errors="replace")
+    if cut or len(text) > MAX_LINE_CHARS:
+        text = text[:MAX_LINE_CHARS] + f" [line cut at {MAX_LINE_CHARS} characters]"
+    return f"{number:>5}  {text}"
 
 
 class _ScanLimit(Exception):

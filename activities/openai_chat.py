@@ -133,6 +133,7 @@ def to_openai_messages(system_prompt: str | None, messages: list[AgentMessage]) 
 # What OpenAI takes: a tool call id of at most 40 characters, a function
 # name of letters, digits, `_` and `-` (at most 64).
 MAX_CALL_ID = 40
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _NOT_IN_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
 
@@ -242,7 +243,6 @@ class StreamAssembler:
         self._blocks: list[TextContent | ThinkingContent | ToolCall] = []
         self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
         self._tool_blocks: dict[int, int] = {}  # OpenAI tool index -> block index
-        self._tool_calls = 0  # calls started
         self._sent_ids: dict[int, str] = {}  # tool block -> the id the server gave it
         self._call_ids: set[str] = set()
         self._open: int | None = None  # open text/thinking block
@@ -307,22 +307,22 @@ class StreamAssembler:
     def _append_tool_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         function = call.get("function") or {}
-        index = call["index"] if call.get("index") is not None else self._tool_calls
+        started = len(self._raw_args)  # tool calls started
+        index = call["index"] if call.get("index") is not None else started
         block_index = self._tool_blocks.get(index)
         sent_id = call.get("id")
         if block_index is not None and sent_id and sent_id != self._sent_ids.get(block_index):
             block_index = None  # another call at an index in use (some Ollama versions number every call 0)
-        if block_index is None and self._tool_calls >= MAX_TOOL_CALLS_PER_ANSWER:
+        if block_index is None and started >= MAX_TOOL_CALLS_PER_ANSWER:
             self.too_many_calls = True
             return events
         if block_index is None:
             events += self._close_open() + self._close_tool()
             name = clean_text(function.get("name") or "")
-            call_id = self._unique_id(clean_text(sent_id or f"call_{self._tool_calls}"))
+            call_id = self._unique_id(clean_text(sent_id or f"call_{started}"))
             self._blocks.append(ToolCall(id=call_id, name=name))
             block_index = len(self._blocks) - 1
             self._tool_blocks[index] = block_index
-            self._tool_calls += 1
             if sent_id:
                 self._sent_ids[block_index] = sent_id
             self._raw_args[block_index] = ""

@@ -191,11 +191,10 @@ class ToolActivities:
         which is unique in the conversation even when a model reuses call
         ids: see ``output_path``)."""
         cap = self._output_cap
-        full = "".join(
-            scrub_known(c.text, self._secrets) for c in outcome.content if isinstance(c, TextContent)
-        )
+        full = "".join(c.text for c in outcome.content if isinstance(c, TextContent))
         if len(full) <= cap:
-            return outcome
+            return outcome  # scrubbed with the rest of the result (``_scrubbed``)
+        full = scrub_known(full, self._secrets)  # the file is written before that
         path = output_path(self._output_dir, workflow_id, key)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)

@@ -24,7 +24,6 @@ import functools
 import inspect
 import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +31,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError
 
+from activities.openai_chat import TOOL_NAME
 from workflows.models import ToolDeclaration, UserContent
 
 logger = logging.getLogger(__name__)
@@ -114,16 +114,14 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-# What OpenAI takes as a function's name; a longer description than this was
-# refused by OpenAI until 2025 (a warning now).
-_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# A longer description than this was refused by OpenAI until 2025 (a warning now).
 MAX_TOOL_DESCRIPTION = 1024
 
 
 def _declaration_problem(name: str, args_model: type[BaseModel]) -> str | None:
     """Why a model server would refuse this tool in every request (so every
     conversation on the worker), or None."""
-    if not _TOOL_NAME.fullmatch(name):
+    if not TOOL_NAME.fullmatch(name):
         return (
             f"Tool name {name!r} is not one models take: use 1 to 64 letters, digits, `_` "
             "or `-` (name=... in @tool)."
