@@ -211,11 +211,7 @@ async def cmd_configure(client: Client, settings: Settings, args: argparse.Names
         "max_cost": args.max_cost,
         "approval_timeout_seconds": args.approval_timeout,
     }
-    changes = {k: v for k, v in changes.items() if v is not None}
-    if not changes:
-        raise UserError(
-            "Name at least one setting to change, e.g. --model gpt-4o-mini (see configure --help)."
-        )
+    changes = {k: v for k, v in changes.items() if v is not None}  # none: print those in force
     in_force = await Conversation.attach(client, args.id).configure(**changes)
     print(json.dumps(in_force.model_dump(mode="json"), indent=2))
     return 0

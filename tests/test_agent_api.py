@@ -83,9 +83,12 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
     ):
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update("configure", bad)
-    with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await handle.execute_update("configure", {})
-    assert "at least one setting to change" in str(refused.value.cause)
+    for not_an_object, named in (("gpt-4o", "not a string."), (None, "not null."), ([1], "not a list.")):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("configure", not_an_object)
+        assert str(refused.value.cause).endswith(named)  # JSON's words, not Python's
+    # An empty partial object changes nothing and answers with the settings in force.
+    assert await handle.execute_update("configure", {}) == settings
     assert (await handle.query("state"))["model"] == other_model
     await handle.signal("close")
 

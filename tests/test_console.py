@@ -701,6 +701,9 @@ async def test_starter_configure_prints_the_settings_in_force(stack: Stack) -> N
     state = await conversation.state()
     assert (state.model, state.steering_mode, state.max_turns) == ("another-model", "all", 5)
 
+    code, stdout = await starter(stack.dev_server, "configure", conversation.id)  # no option
+    assert (code, json.loads(stdout)) == (0, in_force)
+
 
 async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Stack) -> None:
     stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 30}}]})
@@ -788,7 +791,6 @@ async def test_starter_errors_are_one_line_on_stderr_with_exit_2(stack: Stack) -
             "more",
         ): "error: A run is already active: send `steer` or `follow_up` instead",
         ("reset", conversation.id): "error: A run is active: abort it (or wait for it to end) before reset.",
-        ("configure", conversation.id): "error: Name at least one setting to change, e.g. --model",
         ("configure", conversation.id, "--model", ""): "error: The settings are invalid (model: ",
         ("fork", conversation.id, "--at", "9"): "error: The transcript has ",
         (

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         InputError,
         check_images,
         clean_json,
+        json_type,
         no_arguments,
         prompt_message,
         prompt_messages,
@@ -246,8 +247,7 @@ class AgentWorkflow:
                 raw = {}
             if not isinstance(raw, dict):
                 raise InputError(
-                    'The start input must be a JSON object such as {"prompt": "hi"}, '
-                    f"not {type(raw).__name__}."
+                    f'The start input must be a JSON object such as {{"prompt": "hi"}}, not {json_type(raw)}.'
                 )
             info = workflow.info()
             if _written_by_previous_run(info):
@@ -709,11 +709,12 @@ class AgentWorkflow:
         coerce (``"maxTurns": true``); the handler stays lenient, so an update
         accepted before that check replays as it ran."""
         payload = single_argument(args, "configure")
-        if not isinstance(payload, dict) or not payload:
-            got = "an empty object" if isinstance(payload, dict) else type(payload).__name__
+        if not isinstance(payload, dict):
+            # An empty object is a partial settings object too (SPEC §8): it
+            # changes nothing and answers with the settings in force.
             raise InputError(
-                "configure takes an object with at least one setting to change, "
-                f'e.g. {{"model": "gpt-4o"}}, not {got}.'
+                'configure takes an object of the settings to change, e.g. {"model": "gpt-4o"}, '
+                f"not {json_type(payload)}."
             )
         known = {name: name for name in AgentSettings.model_fields} | {
             field.alias: name for name, field in AgentSettings.model_fields.items() if field.alias

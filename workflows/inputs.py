@@ -96,7 +96,7 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
     if not isinstance(payload, dict):
         raise InputError(
             'Expected a string or a message like {"role": "user", "content": "..."}, '
-            f"not {_json_type(payload)}."
+            f"not {json_type(payload)}."
         )
     if nesting_depth(payload) > MAX_NESTING:
         raise InputError(f"The message is nested deeper than {MAX_NESTING} levels.")
@@ -223,15 +223,20 @@ def _json_size(value: Any) -> int:
         return 0
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """What a JSON client sent, in JSON's words ("a string", not "str")."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
+    if isinstance(value, str):
+        return "a string"
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, dict):
+        return "an object"
     return type(value).__name__
 
 
