@@ -236,3 +236,43 @@ async def test_two_workers_share_the_load_and_survive_losing_one(
     assert second.poll() is None
     with capsys.disabled():
         print(f"\n[crash] {conversations} conversations on two workers, one killed: all finished")
+
+
+async def test_an_aborted_call_publishes_nothing_into_the_run_that_continues_as_new_after_it(
+    stack: Stack,
+) -> None:
+    """An aborted model call goes on streaming until its activity hears of
+    the cancel. When the conversation continued as new as soon as it was
+    idle (a long history), the late deltas reached the new run, which did
+    not know their publisher, and were published after `agent_end` (found
+    by a chaos audit): the publishers of aborted calls are carried over."""
+    stack.script(
+        {"text": "old answer " * 60, "delay_ms": 40, "chunk_chars": 6},
+        {"text": "the new answer"},
+    )
+    handle = await stack.start(prompt="talk", continueAsNewAfterTurns=1)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 2)
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    for _ in range(100):
+        runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        if len(runs) > 1:
+            break
+        await asyncio.sleep(0.05)
+    assert len(runs) == 2  # it continued as new once idle
+    await asyncio.sleep(1.5)  # what the aborted call would still send
+    latest = stack.client.get_workflow_handle(handle.id)
+    await latest.execute_update("prompt", "again")
+    events = await log.wait_for_type("agent_end", count=2)
+    log.close()
+    first_end = next(i for i, e in enumerate(events) if e["type"] == "agent_end")
+    after = events[first_end + 1 :]
+    assert after[0]["type"] == "agent_start", [e["type"] for e in after[:5]]
+    deltas = [
+        e["assistantMessageEvent"].get("delta", "")
+        for e in after
+        if e["type"] == "message_update" and e["assistantMessageEvent"]["type"] == "text_delta"
+    ]
+    assert "".join(deltas) == "the new answer"
+    await latest.signal("close")

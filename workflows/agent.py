@@ -214,7 +214,7 @@ class AgentWorkflow:
         self._strict_input_error: str | None = None  # refused only by runs with the patch
         session_input = self._parse_start_input(args)
         carry = session_input.carry or SessionCarry()
-        self._stream = EventStream(carry.stream)
+        self._stream = EventStream(carry.stream, carry.closed_publishers)
         self._stream.track()
         self._stream.run_active = lambda: self._session.is_busy()
         settings = SessionSettings.model_validate(
@@ -608,7 +608,8 @@ class AgentWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         session = self._session
         carry = session.carry(
-            self._stream.state_for_carry(IDLE_ITEMS_CARRIED if idle else STREAM_ITEMS_CARRIED)
+            self._stream.state_for_carry(IDLE_ITEMS_CARRIED if idle else STREAM_ITEMS_CARRIED),
+            closed_publishers=self._stream.closed_publishers(),
         )
         next_input = SessionInput.model_validate(
             {**session.settings.model_dump(), "messages": session.messages, "carry": carry}

@@ -121,6 +121,8 @@ class SessionCarry(WireModel):
     context_ref: str | None = None
     context_length: int = 0
     stream: WorkflowStreamState | None = None
+    closed_publishers: list[str] = Field(default_factory=list)
+    """Publishers of aborted model calls: what they still send is dropped."""
     continued_runs: int = 0
     tools: list[ToolDeclaration] | None = None
     """The tool declarations recorded when the conversation started."""

@@ -336,8 +336,9 @@ class Session:
             }
         )
 
-    def carry(self, stream_state: Any) -> SessionCarry:
+    def carry(self, stream_state: Any, *, closed_publishers: list[str]) -> SessionCarry:
         return SessionCarry(
+            closed_publishers=closed_publishers,
             steering=self.steering.snapshot(),
             follow_up=self.follow_up.snapshot(),
             steering_arrivals=self.steering.arrivals,

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import json
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -76,7 +76,9 @@ class EventStream:
     """Publishes events, reports the offset, tracks subscribers and counts
     the signals and updates this execution has taken."""
 
-    def __init__(self, prior_state: WorkflowStreamState | None) -> None:
+    def __init__(
+        self, prior_state: WorkflowStreamState | None, closed_publishers: Iterable[str] = ()
+    ) -> None:
         # WorkflowStream must be built from an ``__init__`` called by
         # ``@workflow.init``: this is one.
         self._stream = WorkflowStream(prior_state=prior_state)
@@ -92,7 +94,9 @@ class EventStream:
         self.model_call: str | None = None  # the mark of the model call in progress
         self._model_calls = 0  # model calls started by this execution
         self._model_publishers: set[str] = set()
-        self._closed_publishers: deque[str] = deque(maxlen=64)
+        # Publishers whose batches are dropped: aborted model calls' (carried
+        # across continue-as-new: their late batches may reach the next run).
+        self._closed_publishers: deque[str] = deque(closed_publishers, maxlen=64)
         self._publisher_calls: dict[str, str] = {}  # publisher -> the model call it marked
         self.run_active: Callable[[], bool] = lambda: False  # set by the workflow
         self._waiting_reads = 0  # polls and run-end waits in their handlers
@@ -123,6 +127,7 @@ class EventStream:
                     # An attempt of an ended (aborted) call that had sent
                     # nothing before the abort: a retry on another worker,
                     # or a first token that came just after.
+                    self._closed_publishers.append(publisher)
                     return
                 if publisher and self.model_call_offset is not None:
                     # While the model is called nothing else publishes: this is its activity.
@@ -243,6 +248,10 @@ class EventStream:
         self.model_call_offset = None
         self.model_call = None
         self._model_publishers = set()
+
+    def closed_publishers(self) -> list[str]:
+        """The publishers whose batches are dropped, for the next run."""
+        return list(self._closed_publishers)
 
     def _take_call_mark(self, payload: PublishInput) -> PublishInput:
         """``payload`` without its model call mark (``MODEL_CALL_TOPIC``),
