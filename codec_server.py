@@ -354,6 +354,8 @@ def settings_from(argv: Sequence[str] | None = None, settings: Settings | None =
         "else the dev server's and compose's UI)",
     )
     args = parser.parse_args(argv)
+    if not 0 <= args.port < 65536:
+        parser.error(f"--port must be a port number (0-65535), not {args.port}")
     origins = args.cors_origin or settings.codec_cors_origins or DEFAULT_CORS_ORIGINS
     return CodecSettings(
         host=args.host,

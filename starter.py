@@ -30,6 +30,7 @@ import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -398,6 +399,18 @@ async def run_command(args: argparse.Namespace) -> int:
         raise UserError(f"The conversation failed: {getattr(cause, 'message', None) or cause}") from None
     except RPCError as err:
         raise UserError(err.message) from None
+    except OSError as err:
+        if not _in_payload_store(err, settings):
+            raise
+        raise UserError(
+            f"The payload store cannot be written ({err.strerror}): point AGENT_STORAGE_DIR "
+            f"(now {settings.storage_dir}) or AGENT_DATA_DIR at a directory this user can write."
+        ) from None
+    except RuntimeError as err:
+        if "StorageDriver" not in str(err):  # the SDK's storage drivers name themselves
+            raise
+        why = f" ({err.__cause__})" if err.__cause__ else ""
+        raise UserError(f"{str(err).rstrip('.')}{why}: check AGENT_STORAGE and the AWS_* settings.") from None
     except ApplicationError as err:
         if err.type != "PayloadRefused":
             raise
@@ -406,6 +419,19 @@ async def run_command(args: argparse.Namespace) -> int:
         raise UserError(
             f"The conversation's answer could not be read here (what was sent was delivered): {err.message}"
         ) from None
+
+
+def _in_payload_store(err: OSError, settings: Settings) -> bool:
+    """``err`` is about the payload store's directory (a large message is
+    stored there before it is sent)."""
+    if settings.storage != "file" or not isinstance(err.filename, str):
+        return False
+    where = Path(err.filename)
+    return (
+        settings.storage_dir == where
+        or settings.storage_dir in where.parents
+        or where in settings.storage_dir.parents
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import builtin_tools
@@ -98,6 +98,13 @@ def build_worker(
     """
     settings.check_workspace()
     tools = dict(registered_tools() if tools is None else tools)
+    unknown_local = sorted(settings.local_tools - {"*", *tools})
+    if unknown_local:
+        logging.warning(
+            "AGENT_LOCAL_TOOLS names %s, which this worker does not declare (it declares %s)",
+            ", ".join(unknown_local),
+            ", ".join(sorted(tools)) or "none",
+        )
     declared = declarations(tools, set(settings.local_tools))
     bindings = WorkflowBindings(
         hooks=hooks or AgentHooks(),
@@ -159,6 +166,11 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
             ListSearchAttributesRequest(namespace=namespace)
         )
     except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # the worker could only fail later, less clearly
+            raise SettingsError(
+                f"TEMPORAL_NAMESPACE={namespace}: {err.message.rstrip('.')} on this server. Create it "
+                f"(`temporal operator namespace create --namespace {namespace}`) or name one it has."
+            ) from None
         logging.warning("Cannot list the server's search attributes: %s", err.message)
         return list(SEARCH_ATTRIBUTES)
     return [name for name in SEARCH_ATTRIBUTES if name not in response.custom_attributes]
@@ -166,6 +178,7 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
 
 async def run_worker(settings: Settings) -> None:
     settings.check_workspace()  # before connecting: one line, at once
+    settings.check_writable()
     load_tool_modules(settings.tool_modules)
     runtime = metrics_runtime(settings)
     client = await connect(settings, runtime=runtime, interceptors=tracing_interceptors(settings))
@@ -221,6 +234,11 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_worker(settings))
     except (ServerUnreachable, ToolModuleError, SettingsError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
+        code = 2
+    except RuntimeError as err:
+        if not str(err).startswith("Worker validation failed"):
+            raise
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)  # what the server refused
         code = 2
     sys.stdout.flush()
     sys.stderr.flush()

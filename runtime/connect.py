@@ -68,6 +68,21 @@ def _unreachable(settings: Settings, detail: str) -> str:
             f"TLS to {where} failed: its certificate is not signed by {trusted} ({problem}). "
             "Set TEMPORAL_TLS_CA to the CA certificate that signed the server's."
         )
+    if "InvalidContentType" in detail:  # a TLS handshake answered by a plain-TCP server
+        why = next(
+            name
+            for name, value in (
+                ("TEMPORAL_TLS_CERT", settings.tls_cert),
+                ("TEMPORAL_TLS_CA", settings.tls_ca),
+                ("TEMPORAL_API_KEY (an API key turns TLS on)", settings.temporal_api_key),
+            )
+            if value
+        )
+        return (
+            f"TLS to {where} failed: the server answers in plain TCP, not TLS, and TLS is on because "
+            f"{why} is set. Unset it for a server without TLS (the dev server), or point "
+            "TEMPORAL_ADDRESS at the server's TLS endpoint."
+        )
     if "transport error" in detail or "close_notify" in detail or "connection closed" in detail:
         short = "the server closed the connection"
         if settings.tls_cert:

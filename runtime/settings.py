@@ -10,8 +10,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
+import math
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -105,7 +108,7 @@ class Settings:
             default_model=text("AGENT_MODEL", "gpt-4o-mini") or "",
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
-            llm_read_timeout=_number(env, "AGENT_LLM_READ_TIMEOUT", 60.0),
+            llm_read_timeout=_number(env, "AGENT_LLM_READ_TIMEOUT", 60.0, positive=True),
             tool_modules=tuple(_names(text("AGENT_TOOLS"))),
             local_tools=frozenset(_names(text("AGENT_LOCAL_TOOLS"))),
             tool_output_cap=int(_number(env, "AGENT_TOOL_OUTPUT_CAP", 50_000, whole=True)),
@@ -123,10 +126,8 @@ class Settings:
             sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
-            log_level=text("LOG_LEVEL", "INFO") or "INFO",
-            metrics_port=int(_number(env, "AGENT_METRICS_PORT", -1, whole=True))
-            if text("AGENT_METRICS_PORT")
-            else None,
+            log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
+            metrics_port=_port(env, "AGENT_METRICS_PORT"),
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",
             otel_endpoint=text("OTEL_EXPORTER_OTLP_ENDPOINT"),
             codec_token=text("AGENT_CODEC_TOKEN"),
@@ -159,6 +160,15 @@ class Settings:
             raise SettingsError(
                 f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {self.storage!r}."
             )
+        if self.openai_base_url and not self.openai_base_url.lower().startswith(("http://", "https://")):
+            raise SettingsError(
+                f"OPENAI_BASE_URL must be an http:// or https:// URL such as http://localhost:11434/v1, "
+                f"got {self.openai_base_url!r}."
+            )
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            raise SettingsError(
+                f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}."
+            )
 
     def check_workspace(self) -> None:
         """For a process that runs tools (the worker): its tools must not
@@ -181,12 +191,35 @@ class Settings:
                     f"The tools' workspace {self.workspace} is inside {what.lower()} {path}: tools could "
                     f"read other conversations. Point AGENT_WORKSPACE outside {setting} (or AGENT_DATA_DIR)."
                 )
+        if not self.workspace.is_dir():
+            raise SettingsError(
+                f"AGENT_WORKSPACE={self.workspace} is not a directory: the file tools read inside it."
+            )
         key_file = self.encryption_key_file
         if key_file is not None and self.workspace in key_file.parents:
             raise SettingsError(
                 f"AGENT_ENCRYPTION_KEY_FILE {key_file} is inside the tools' workspace {self.workspace}: "
                 "tools could read the keys. Keep it outside AGENT_WORKSPACE."
             )
+
+    def check_writable(self) -> None:
+        """For the worker, before it takes work: the directories it writes
+        (the payload store, full tool outputs) can be written, so a wrong
+        path is one line at start, not every large payload failing later
+        (blamed on whichever tool produced it)."""
+        dirs = [("AGENT_TOOL_OUTPUT_DIR", self.tool_output_dir)]
+        if self.storage == "file":
+            dirs.insert(0, ("AGENT_STORAGE_DIR", self.storage_dir))
+        for name, path in dirs:
+            try:
+                path.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-"):
+                    pass
+            except OSError as err:
+                raise SettingsError(
+                    f"{name}={path} cannot be written: {err.strerror or err}. "
+                    "Point it (or AGENT_DATA_DIR) at a directory this user can write."
+                ) from None
 
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""
@@ -211,7 +244,9 @@ def _optional_path(raw: str | None) -> Path | None:
     return Path(raw).expanduser().resolve() if raw else None
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
+def _number(
+    env: Mapping[str, str], name: str, default: float, *, whole: bool = False, positive: bool = False
+) -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -220,9 +255,22 @@ def _number(env: Mapping[str, str], name: str, default: float, *, whole: bool = 
     except ValueError:
         kind = "a whole number" if whole else "a number"
         raise SettingsError(f"{name} must be {kind}, got {raw!r}.") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"{name} must be a finite number, got {raw!r}.")
     if value < 0:
         raise SettingsError(f"{name} must not be negative, got {raw!r}.")
+    if positive and value == 0:
+        raise SettingsError(f"{name} must be above 0, got {raw!r}.")
     return value
+
+
+def _port(env: Mapping[str, str], name: str) -> int | None:
+    if not env.get(name, "").strip():
+        return None
+    port = int(_number(env, name, 0, whole=True))
+    if not 0 < port < 65536:
+        raise SettingsError(f"{name} must be a port number from 1 to 65535, got {port}.")
+    return port
 
 
 def _optional_bytes(env: Mapping[str, str], name: str, default: int) -> int | None:

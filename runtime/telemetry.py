@@ -10,7 +10,7 @@ from typing import Any
 
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from runtime.settings import Settings
+from runtime.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +22,24 @@ def metrics_runtime(settings: Settings) -> Runtime | None:
     if settings.metrics_port is None:
         return None
     address = f"{settings.metrics_host}:{settings.metrics_port}"
-    return Runtime(
-        telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(
-                bind_address=address, counters_total_suffix=True, durations_as_seconds=True
+    try:
+        return Runtime(
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(
+                    bind_address=address, counters_total_suffix=True, durations_as_seconds=True
+                )
             )
         )
-    )
+    except (RuntimeError, ValueError) as err:
+        detail = str(err).splitlines()[0].rstrip(".")
+        hint = (
+            " (AGENT_METRICS_HOST takes an IP address such as 127.0.0.1)"
+            if "address syntax" in detail
+            else ""
+        )
+        raise SettingsError(
+            f"Cannot serve metrics on {address} (AGENT_METRICS_HOST:AGENT_METRICS_PORT): {detail}{hint}."
+        ) from None
 
 
 def tracing_interceptors(settings: Settings, span_exporter: Any = None) -> list[Any]:

@@ -366,6 +366,19 @@ def test_bad_storage_setting_stops_the_server_with_one_line(tmp_path: Path) -> N
     assert "Traceback" not in result.stderr
 
 
+def test_a_port_out_of_range_is_refused_with_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, str(Path(codec_server.__file__)), "--port", "99999"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+    assert result.returncode == 2
+    assert "--port must be a port number (0-65535), not 99999" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_server_process_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     server = CodecServer(env={"AGENT_STORAGE_DIR": str(tmp_path)}).start()
     server.stop()

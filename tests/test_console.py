@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import io
 import json
 import os
@@ -335,6 +336,20 @@ async def starter_with_stderr(
     stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode is not None
     return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def test_starter_says_in_one_line_that_the_payload_store_cannot_be_written(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A message over the storage threshold is stored before it is sent: a
+    store that cannot be written was a 100-line traceback."""
+    conversation = await stack.conversation()
+    env = {"AGENT_STORAGE_DIR": "/proc/no-store", "AGENT_STORAGE_THRESHOLD_BYTES": "3000"}
+    large = base64.b64encode(os.urandom(6000)).decode()
+    code, _, stderr = await starter_with_stderr(stack.dev_server, "steer", conversation.id, large, env=env)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith("error: The payload store cannot be written (No such file or directory)")
+    assert "AGENT_STORAGE_DIR (now /proc/no-store)" in stderr
 
 
 async def test_watch_json_prints_one_event_per_line_like_a_subscriber(stack: Stack) -> None:

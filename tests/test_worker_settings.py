@@ -1,0 +1,110 @@
+"""A worker started with a setting it cannot work with says so in one line
+naming the setting, and exits 2 before it takes any work (found by a
+walk-through of the README: some were accepted and failed every model call
+or every large payload later, blamed on a tool, or printed "worker ready"
+and then a traceback)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.connect import ServerUnreachable, connect
+from runtime.settings import Settings, SettingsError
+from testbed.local_stack import ROOT, DevServer
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("AGENT_LLM_READ_TIMEOUT", "0", "AGENT_LLM_READ_TIMEOUT must be above 0, got '0'."),
+        ("AGENT_LLM_READ_TIMEOUT", "nan", "AGENT_LLM_READ_TIMEOUT must be a finite number, got 'nan'."),
+        ("AGENT_STORAGE_THRESHOLD_BYTES", "1e999", "AGENT_STORAGE_THRESHOLD_BYTES must be a whole number"),
+        ("AGENT_METRICS_PORT", "0", "AGENT_METRICS_PORT must be a port number from 1 to 65535, got 0."),
+        ("AGENT_METRICS_PORT", "99999", "AGENT_METRICS_PORT must be a port number from 1 to 65535"),
+        ("LOG_LEVEL", "bogus", "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL"),
+        ("OPENAI_BASE_URL", "not-a-url", "OPENAI_BASE_URL must be an http:// or https:// URL"),
+    ],
+)
+def test_a_setting_no_worker_can_use_is_refused_naming_it(name: str, value: str, message: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({name: value})
+    assert str(refused.value).startswith(message)
+
+
+def test_log_level_and_base_url_are_read_as_users_write_them() -> None:
+    settings = Settings.from_env({"LOG_LEVEL": "debug", "OPENAI_BASE_URL": "HTTPS://api.example.com/v1"})
+    assert settings.log_level == "DEBUG"
+
+
+async def worker_refusal(env: dict[str, str], tmp_path: Path) -> str:
+    """What the worker prints on stderr; it must exit 2 before "worker ready"."""
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "worker.py"),
+        cwd=tmp_path,
+        env={**os.environ, "AGENT_DATA_DIR": str(tmp_path / "data"), **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(worker.communicate(), 60)
+    assert worker.returncode == 2, (out, err)
+    assert b"worker ready" not in out and b"Traceback" not in err, err
+    assert err.decode().count("\n") == 1, err
+    return err.decode()
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "workspace"
+    path.mkdir()
+    return path
+
+
+async def test_the_worker_refuses_a_namespace_the_server_lacks(
+    dev_server: DevServer, tmp_path: Path, workspace: Path
+) -> None:
+    env = {
+        "TEMPORAL_ADDRESS": dev_server.address,
+        "TEMPORAL_NAMESPACE": "no-such-namespace",
+        "AGENT_WORKSPACE": str(workspace),
+    }
+    err = await worker_refusal(env, tmp_path)
+    assert err.startswith("error: TEMPORAL_NAMESPACE=no-such-namespace: Namespace no-such-namespace is not")
+    assert "temporal operator namespace create --namespace no-such-namespace" in err
+
+
+async def test_the_worker_refuses_directories_it_cannot_write_and_a_missing_workspace(
+    dev_server: DevServer, tmp_path: Path, workspace: Path
+) -> None:
+    base = {"TEMPORAL_ADDRESS": dev_server.address, "AGENT_WORKSPACE": str(workspace)}
+    err = await worker_refusal({**base, "AGENT_STORAGE_DIR": "/proc/no-store"}, tmp_path)
+    assert err.startswith("error: AGENT_STORAGE_DIR=/proc/no-store cannot be written: ")
+    err = await worker_refusal({**base, "AGENT_TOOL_OUTPUT_DIR": "/proc/no-outputs"}, tmp_path)
+    assert err.startswith("error: AGENT_TOOL_OUTPUT_DIR=/proc/no-outputs cannot be written: ")
+    err = await worker_refusal({**base, "AGENT_WORKSPACE": str(tmp_path / "gone")}, tmp_path)
+    assert err.startswith(f"error: AGENT_WORKSPACE={tmp_path / 'gone'} is not a directory")
+
+
+async def test_the_worker_names_the_metrics_settings_when_it_cannot_serve_them(
+    dev_server: DevServer, tmp_path: Path, workspace: Path
+) -> None:
+    env = {
+        "TEMPORAL_ADDRESS": dev_server.address,
+        "AGENT_WORKSPACE": str(workspace),
+        "AGENT_METRICS_PORT": "9464",
+        "AGENT_METRICS_HOST": "metrics.invalid",
+    }
+    err = await worker_refusal(env, tmp_path)
+    assert err.startswith("error: Cannot serve metrics on metrics.invalid:9464 (AGENT_METRICS_HOST:")
+    assert "takes an IP address" in err
+
+
+async def test_tls_to_a_server_without_it_says_which_setting_turned_it_on(dev_server: DevServer) -> None:
+    with pytest.raises(ServerUnreachable) as refused:
+        await connect(Settings.from_env({}, address=dev_server.address, temporal_api_key="key"))
+    assert "answers in plain TCP, not TLS, and TLS is on because TEMPORAL_API_KEY" in str(refused.value)
