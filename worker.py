@@ -153,7 +153,7 @@ def build_worker(
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         default_heartbeat_throttle_interval=timedelta(seconds=1),
-        graceful_shutdown_timeout=timedelta(seconds=5),
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
         max_concurrent_activities=settings.max_concurrent_activities,
     )
 

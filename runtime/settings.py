@@ -73,6 +73,7 @@ class Settings:
     sandbox_precompile: bool = True
     sdk_fallbacks: bool = False
     max_concurrent_activities: int = 200
+    shutdown_grace: float = 5.0
     log_level: str = "INFO"
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -126,6 +127,7 @@ class Settings:
             sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
+            shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0),
             log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
             metrics_port=_port(env, "AGENT_METRICS_PORT"),
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",

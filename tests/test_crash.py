@@ -276,3 +276,32 @@ async def test_an_aborted_call_publishes_nothing_into_the_run_that_continues_as_
     ]
     assert "".join(deltas) == "the new answer"
     await latest.signal("close")
+
+
+async def test_a_stopped_worker_lets_a_tool_finish_within_the_shutdown_grace(
+    stack: Stack, workers: Workers, artifacts: Path
+) -> None:
+    """SIGTERM: the worker stops taking work and gives running activities
+    AGENT_SHUTDOWN_GRACE_SECONDS (5 s by default, here 30) before it
+    cancels them; a 7 s tool ends on it, once, and the worker exits 0."""
+    workers.env["AGENT_SHUTDOWN_GRACE_SECONDS"] = "30"
+    ledger = artifacts / f"ledger-{uuid.uuid4().hex[:6]}.txt"
+    workers.env["AGENT_TEST_LEDGER"] = str(ledger)
+    first = workers.start()
+    stack.script(
+        {"tool_calls": [{"id": "g1", "name": "slow", "arguments": {"seconds": 7, "steps": 7}}]},
+        {"text": "done"},
+    )
+    handle = await start_on(stack, workers, "work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_update")
+    first.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(first.wait, 60) == 0
+    workers.start()  # for the workflow tasks that follow
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    ends = [e for e in events if e["type"] == "tool_execution_end"]
+    assert [e["result"]["content"][0]["text"] for e in ends] == ["slept 7.0s"]
+    updates = [e["partialResult"] for e in events if e["type"] == "tool_execution_update"]
+    assert len(updates) == 7  # one attempt: its progress did not start over
+    assert len(ledger.read_text().splitlines()) == 1
