@@ -187,6 +187,10 @@ async def _decode(converter: DataConverter, index: int, payload: Payload) -> Pay
         reason = raw.payload.data.decode(errors="replace")[:500].rstrip(".")
         raise Refused(422, f"Payload {index} {reason}.")
     _check_encoding(converter, index, raw.payload, "decode")
+    if raw.payload.metadata.get("encoding") == b"binary/null":
+        # A handler's None: JSON's null, which every SDK reads as None too,
+        # and the UI shows as null instead of the metadata in base64.
+        return Payload(metadata={"encoding": b"json/plain"}, data=b"null")
     return raw.payload
 
 

@@ -170,6 +170,18 @@ async def test_encode_compresses_large_payloads_and_stores_the_largest(codec: Lo
     assert Payload.FromString(stored.read_bytes()).metadata["encoding"] == ZLIB
 
 
+async def test_a_none_decodes_to_json_null(codec: LocalCodec) -> None:
+    """A handler that returns None (an update's outcome) is written as
+    `binary/null`, which the UI showed as its metadata in base64."""
+    [none] = await codec.converter.encode([None])
+    assert none.metadata["encoding"] == b"binary/null"
+
+    [decoded] = await codec.payloads("decode", [none])
+
+    assert decoded == payload(b"null")
+    assert await codec.converter.decode([decoded]) == [None]
+
+
 async def test_encode_stores_under_the_request_namespace(codec: LocalCodec) -> None:
     [reference] = await codec.payloads("encode", [payload(hex_text(6000))], {"X-Namespace": "team-a"})
 
