@@ -51,7 +51,12 @@ async def worker_refusal(env: dict[str, str], tmp_path: Path) -> str:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(worker.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(worker.communicate(), 60)
+    except TimeoutError:
+        worker.kill()  # it took the setting and is running: no refusal
+        await worker.wait()
+        raise
     assert worker.returncode == 2, (out, err)
     assert b"worker ready" not in out and b"Traceback" not in err, err
     assert err.decode().count("\n") == 1, err
