@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import re
 import time
@@ -48,6 +49,8 @@ from workflows.models import (
     UserContent,
     text_result,
 )
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_CAP = 50_000
 # A result's details (for clients, not the model) and images above this
@@ -196,10 +199,12 @@ class ToolActivities:
             return outcome  # scrubbed with the rest of the result (``_scrubbed``)
         full = scrub_known(full, self._secrets)  # the file is written before that
         path = output_path(self._output_dir, workflow_id, key)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as file:
-            file.write(full)
+        kept_in: str | None = str(path)
+        try:
+            self._write_full_output(path, full)
+        except OSError as err:  # a read-only AGENT_TOOL_OUTPUT_DIR: the cut output still goes on
+            logger.warning("Could not keep a tool's full output in %s: %s", path, err.strerror or err)
+            kept_in = None
         kept: list[UserContent] = [c for c in outcome.content if not isinstance(c, TextContent)]
         kept.insert(
             0,
@@ -209,9 +214,16 @@ class ToolActivities:
             ),
         )
         details = outcome.details if isinstance(outcome.details, dict) else {"details": outcome.details}
-        return outcome.model_copy(
-            update={"content": kept, "details": {**details, "fullOutputPath": str(path)}}
-        )
+        if kept_in is None:
+            return outcome.model_copy(update={"content": kept})
+        return outcome.model_copy(update={"content": kept, "details": {**details, "fullOutputPath": kept_in}})
+
+    @staticmethod
+    def _write_full_output(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as file:
+            file.write(text)
 
 
 def output_path(output_dir: Path, workflow_id: str, key: str) -> Path:

@@ -109,7 +109,7 @@ class Settings:
             default_model=text("AGENT_MODEL", "gpt-4o-mini") or "",
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
-            llm_read_timeout=_number(env, "AGENT_LLM_READ_TIMEOUT", 60.0, positive=True),
+            llm_read_timeout=_number(env, "AGENT_LLM_READ_TIMEOUT", 60.0, positive=True, maximum=86_400),
             tool_modules=tuple(_names(text("AGENT_TOOLS"))),
             local_tools=frozenset(_names(text("AGENT_LOCAL_TOOLS"))),
             tool_output_cap=int(_number(env, "AGENT_TOOL_OUTPUT_CAP", 50_000, whole=True)),
@@ -127,7 +127,7 @@ class Settings:
             sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
-            shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0),
+            shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0, maximum=86_400),
             log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
             metrics_port=_port(env, "AGENT_METRICS_PORT"),
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",
@@ -209,19 +209,21 @@ class Settings:
         (the payload store, full tool outputs) can be written, so a wrong
         path is one line at start, not every large payload failing later
         (blamed on whichever tool produced it)."""
-        dirs = [("AGENT_TOOL_OUTPUT_DIR", self.tool_output_dir)]
-        if self.storage == "file":
-            dirs.insert(0, ("AGENT_STORAGE_DIR", self.storage_dir))
-        for name, path in dirs:
-            try:
-                path.mkdir(parents=True, exist_ok=True, mode=0o700)
-                with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-"):
-                    pass
-            except OSError as err:
+        if self.storage == "file":  # every model call writes its context there
+            problem = _unwritable(self.storage_dir)
+            if problem:
                 raise SettingsError(
-                    f"{name}={path} cannot be written: {err.strerror or err}. "
+                    f"AGENT_STORAGE_DIR={self.storage_dir} cannot be written: {problem}. "
                     "Point it (or AGENT_DATA_DIR) at a directory this user can write."
-                ) from None
+                )
+        problem = _unwritable(self.tool_output_dir)
+        if problem:  # written only for an output over the cap: a read-only file system may never need it
+            logging.warning(
+                "AGENT_TOOL_OUTPUT_DIR=%s cannot be written (%s): a tool output over "
+                "AGENT_TOOL_OUTPUT_CAP will be cut without its full text kept",
+                self.tool_output_dir,
+                problem,
+            )
 
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""
@@ -232,6 +234,17 @@ class Settings:
     def workflow_url(self, workflow_id: str) -> str:
         """The conversation's page in the Temporal UI."""
         return f"{self.ui_url.rstrip('/')}/namespaces/{self.namespace}/workflows/{workflow_id}"
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot take a new file (made if missing), or None."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-"):
+            pass
+    except OSError as err:
+        return str(err.strerror or err)
+    return None
 
 
 def _names(raw: str | None) -> list[str]:
@@ -247,7 +260,13 @@ def _optional_path(raw: str | None) -> Path | None:
 
 
 def _number(
-    env: Mapping[str, str], name: str, default: float, *, whole: bool = False, positive: bool = False
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    whole: bool = False,
+    positive: bool = False,
+    maximum: float | None = None,
 ) -> float:
     raw = env.get(name, "").strip()
     if not raw:
@@ -263,6 +282,8 @@ def _number(
         raise SettingsError(f"{name} must not be negative, got {raw!r}.")
     if positive and value == 0:
         raise SettingsError(f"{name} must be above 0, got {raw!r}.")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be at most {maximum:g}, got {raw!r}.")
     return value
 
 

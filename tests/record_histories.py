@@ -267,6 +267,35 @@ async def idle_switch(client: Client, server: ScriptedModelServer, model: str) -
     return client.get_workflow_handle(handle.id)
 
 
+async def abort_before_switch(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """A streamed answer aborted in a run that continues as new once idle:
+    the aborted call's late deltas reach the next run, which drops them
+    (drop-carried-publishers); then one more prompt."""
+    server.script(
+        model, [{"text": "old answer " * 60, "delay_ms": 40, "chunk_chars": 6}, {"text": "the new answer"}]
+    )
+    handle = await start(client, model, prompt="talk", continueAsNewAfterTurns=1)
+    log = EventLog(client, handle.id)
+    await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 2)
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    for _ in range(100):
+        runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        if len(runs) > 1:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)  # the aborted call's late batches
+    latest = client.get_workflow_handle(handle.id)
+    await latest.execute_update("prompt", "again")
+    await log.wait_for_type("agent_end", count=2)
+    log.close()
+    await latest.signal("close")
+    await latest.result()
+    return latest
+
+
 async def search_attributes(
     client: Client, server: ScriptedModelServer, model: str
 ) -> WorkflowHandle[Any, Any]:
@@ -405,6 +434,7 @@ SCENARIOS: dict[str, Scenario] = {
     "unknown_start_key": unknown_start_key,
     "big_tool_arguments": big_tool_arguments,
     "long_tool_batch": long_tool_batch,
+    "abort_before_switch": abort_before_switch,
 }
 
 
@@ -423,7 +453,7 @@ async def record(names: list[str]) -> None:
                 if names and name not in names:
                     continue
                 handle = await scenario(client, model_server, f"rec-{name}")
-                if name in ("continue_as_new", "idle_switch", "idle_waiter_at_switch"):
+                if name in ("continue_as_new", "idle_switch", "idle_waiter_at_switch", "abort_before_switch"):
                     # Every run of the chain: each is replayed on its own.
                     runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
                     for index, run in enumerate(sorted(runs, key=lambda r: r.start_time)):

@@ -385,6 +385,30 @@ async def test_a_model_reusing_a_call_id_gets_a_file_per_call(
     assert paths[1].read_text().startswith("echo: second")
 
 
+async def test_an_output_over_the_cap_is_cut_even_where_its_full_text_cannot_be_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read-only AGENT_TOOL_OUTPUT_DIR (a read-only root file system) made
+    every long output an error; it is cut for the model all the same."""
+    import tests.support.tools  # noqa: F401  (registers echo)
+
+    class NoStream:
+        def topic(self, _name: str) -> Any:
+            return self
+
+    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(NoStream))
+    runner = ToolActivities(output_cap=10, output_dir=Path("/proc/no-outputs"))
+    request = ToolRequest(
+        tool_call=ToolCall(id="call_0", name="echo", arguments={"text": "long " * 10}),
+        idempotency_key="wf/tool-call_0",
+    )
+    outcome = await ActivityEnvironment().run(runner.execute_tool, request)
+    assert not outcome.is_error
+    assert outcome.content[0].text.startswith("echo: long")  # type: ignore[union-attr]
+    assert "[Output truncated: " in outcome.content[0].text  # type: ignore[union-attr]
+    assert "fullOutputPath" not in (outcome.details or {})
+
+
 def test_a_workspace_inside_the_worker_data_or_holding_its_key_file_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "data"
     for workspace in (data / "payloads" / "default", data / "tool-output"):

@@ -36,7 +36,8 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # fourth, before a conversation completed by closeWhenIdle was `closed` (v7);
 # with the fifth, before an abort during a stopping turn's tools ended the
 # run with its aborted message (v8); with the sixth, before a long tool batch
-# was worked on in parts (v9).
+# was worked on in parts (v9); with the seventh, before the publishers of
+# aborted model calls were carried across continue-as-new (v10).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -44,6 +45,7 @@ V6 = sorted((ROOT / "v6").glob("*.json"))
 V7 = sorted((ROOT / "v7").glob("*.json"))
 V8 = sorted((ROOT / "v8").glob("*.json"))
 V9 = sorted((ROOT / "v9").glob("*.json"))
+V10 = sorted((ROOT / "v10").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -66,10 +68,12 @@ def test_there_are_recorded_histories() -> None:
         "unknown_start_key",  # a misspelt start input key
         "big_tool_arguments",  # ~1.2 MB of tool arguments in one answer
         "long_tool_batch",  # 1,001 tool calls in one answer
+        "abort_before_switch",  # an aborted call's late deltas reach the next run
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
     assert {_stem(p) for p in CURRENT} - {
+        "abort_before_switch",
         "busy_subscriber",
         "idle_waiter_at_switch",
         "abort_at_start",
@@ -82,6 +86,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
     assert {_stem(p) for p in CURRENT} - {
+        "abort_before_switch",
         "abort_at_start",
         "stop_at_start",
         "continue_after_app",
@@ -93,18 +98,23 @@ def test_there_are_recorded_histories() -> None:
     # continue-after-app-message and strict-start-input patches too
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
-    assert {_stem(p) for p in CURRENT} - {"big_tool_arguments", "long_tool_batch"} <= {_stem(p) for p in V6}
+    assert {_stem(p) for p in CURRENT} - {"big_tool_arguments", "long_tool_batch", "abort_before_switch"} <= {
+        _stem(p) for p in V6
+    }
     # Every scenario, recorded before the closed-when-idle and
     # tool-argument-bytes patches too (their old paths: completed by
     # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
     # once, whatever their arguments' size).
-    assert {_stem(p) for p in CURRENT} - {"long_tool_batch"} <= {_stem(p) for p in V7}
+    assert {_stem(p) for p in CURRENT} - {"long_tool_batch", "abort_before_switch"} <= {_stem(p) for p in V7}
     # Every scenario, recorded before the abort-over-stop patch too (its old
     # path changes events, not commands: tests/test_agent_loop.py runs it).
-    assert {_stem(p) for p in CURRENT} - {"long_tool_batch"} <= {_stem(p) for p in V8}
+    assert {_stem(p) for p in CURRENT} - {"long_tool_batch", "abort_before_switch"} <= {_stem(p) for p in V8}
     # Every scenario, recorded before the tool-batch-in-parts patch too (its
     # old path: all 1,001 calls of long_tool_batch in one workflow task).
-    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V9}
+    assert {_stem(p) for p in CURRENT} - {"abort_before_switch"} <= {_stem(p) for p in V9}
+    # Every scenario, recorded before drop-carried-publishers too (its old
+    # path: the late deltas published in the next run).
+    assert {_stem(p) for p in CURRENT} - {"abort_before_switch"} <= {_stem(p) for p in V10}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -120,8 +130,8 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1],
+    CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1],
 )
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
@@ -129,8 +139,8 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V9 + V8 + V7 + V6 + V5 + V4,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V9 + V8 + V7 + V6 + V5 + V4],
+    CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a

@@ -24,6 +24,7 @@ from testbed.local_stack import ROOT, DevServer
         ("AGENT_LLM_READ_TIMEOUT", "0", "AGENT_LLM_READ_TIMEOUT must be above 0, got '0'."),
         ("AGENT_LLM_READ_TIMEOUT", "nan", "AGENT_LLM_READ_TIMEOUT must be a finite number, got 'nan'."),
         ("AGENT_STORAGE_THRESHOLD_BYTES", "1e999", "AGENT_STORAGE_THRESHOLD_BYTES must be a whole number"),
+        ("AGENT_SHUTDOWN_GRACE_SECONDS", "1e308", "AGENT_SHUTDOWN_GRACE_SECONDS must be at most 86400"),
         ("AGENT_METRICS_PORT", "0", "AGENT_METRICS_PORT must be a port number from 1 to 65535, got 0."),
         ("AGENT_METRICS_PORT", "99999", "AGENT_METRICS_PORT must be a port number from 1 to 65535"),
         ("LOG_LEVEL", "bogus", "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL"),
@@ -83,14 +84,20 @@ async def test_the_worker_refuses_a_namespace_the_server_lacks(
     assert "temporal operator namespace create --namespace no-such-namespace" in err
 
 
-async def test_the_worker_refuses_directories_it_cannot_write_and_a_missing_workspace(
+def test_a_tool_output_dir_that_cannot_be_written_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Written only for an output over the cap: a deployment on a read-only
+    file system (AGENT_STORAGE=off or S3) may never need it."""
+    settings = Settings.from_env({"AGENT_STORAGE": "off", "AGENT_TOOL_OUTPUT_DIR": "/proc/no-outputs"})
+    settings.check_writable()
+    assert "AGENT_TOOL_OUTPUT_DIR=/proc/no-outputs cannot be written" in caplog.text
+
+
+async def test_the_worker_refuses_a_store_it_cannot_write_and_a_missing_workspace(
     dev_server: DevServer, tmp_path: Path, workspace: Path
 ) -> None:
     base = {"TEMPORAL_ADDRESS": dev_server.address, "AGENT_WORKSPACE": str(workspace)}
     err = await worker_refusal({**base, "AGENT_STORAGE_DIR": "/proc/no-store"}, tmp_path)
     assert err.startswith("error: AGENT_STORAGE_DIR=/proc/no-store cannot be written: ")
-    err = await worker_refusal({**base, "AGENT_TOOL_OUTPUT_DIR": "/proc/no-outputs"}, tmp_path)
-    assert err.startswith("error: AGENT_TOOL_OUTPUT_DIR=/proc/no-outputs cannot be written: ")
     err = await worker_refusal({**base, "AGENT_WORKSPACE": str(tmp_path / "gone")}, tmp_path)
     assert err.startswith(f"error: AGENT_WORKSPACE={tmp_path / 'gone'} is not a directory")
 

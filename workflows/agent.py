@@ -85,6 +85,9 @@ IDLE_ITEMS_CARRIED = 200
 # History length past which an idle conversation continues as new.
 IDLE_SWITCH_EVENTS = 500
 IDLE_SWITCH_PATCH = "idle-switch"
+DROP_CARRIED_PUBLISHERS_PATCH = "drop-carried-publishers"
+"""What aborted model calls' publishers send after continue-as-new is
+dropped (only by a combined marker: it is asked in a signal handler)."""
 # Continue as new at the next turn boundary once this many signals came in
 # (every event batch an activity publishes is one; the limit is 10,000).
 SIGNALS_BEFORE_SWITCH = SIGNAL_LIMIT // 2
@@ -222,6 +225,8 @@ class AgentWorkflow:
         )
         self._session = Session(settings, list(session_input.messages), carry, self._now_ms)
         self._versions = Versions()
+        # Asks no marker: safe in a signal handler; False before `run` starts.
+        self._stream.drop_carried = lambda: self._versions.marked(DROP_CARRIED_PUBLISHERS_PATCH)
         self._calls = ActivityCalls(self._session, self._stream, self._now_ms, self._versions)
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go

@@ -94,9 +94,14 @@ class EventStream:
         self.model_call: str | None = None  # the mark of the model call in progress
         self._model_calls = 0  # model calls started by this execution
         self._model_publishers: set[str] = set()
-        # Publishers whose batches are dropped: aborted model calls' (carried
-        # across continue-as-new: their late batches may reach the next run).
-        self._closed_publishers: deque[str] = deque(closed_publishers, maxlen=64)
+        # Publishers whose batches are dropped: aborted model calls'.
+        self._closed_publishers: deque[str] = deque(maxlen=64)
+        # Those of the run before (their late batches may reach this run),
+        # dropped only by a run with DROP_CARRIED_PUBLISHERS_PATCH
+        # (``drop_carried``): a run an older worker recorded published
+        # them, and must replay so.
+        self._carried_closed = frozenset(closed_publishers)
+        self.drop_carried: Callable[[], bool] = lambda: False  # set by the workflow
         self._publisher_calls: dict[str, str] = {}  # publisher -> the model call it marked
         self.run_active: Callable[[], bool] = lambda: False  # set by the workflow
         self._waiting_reads = 0  # polls and run-end waits in their handlers
@@ -119,7 +124,10 @@ class EventStream:
                     workflow.logger.warning("Dropped a publish signal without a PublishInput")
                     return
                 publisher = payload.publisher_id
-                if publisher and publisher in self._closed_publishers:
+                if publisher and (
+                    publisher in self._closed_publishers
+                    or (publisher in self._carried_closed and self.drop_carried())
+                ):
                     return  # late deltas of an aborted model call, after its aborted message
                 payload = self._take_call_mark(payload)
                 call = self._publisher_calls.get(publisher)
@@ -251,7 +259,7 @@ class EventStream:
 
     def closed_publishers(self) -> list[str]:
         """The publishers whose batches are dropped, for the next run."""
-        return list(self._closed_publishers)
+        return [*self._carried_closed, *self._closed_publishers][-64:]
 
     def _take_call_mark(self, payload: PublishInput) -> PublishInput:
         """``payload`` without its model call mark (``MODEL_CALL_TOPIC``),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-g"
+CURRENT = "agent-2026-12-h"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -32,8 +32,10 @@ _C = _B | {"hold-switch-for-idle-waiters"}
 _D = _C | {"abort-before-run-start", "strict-start-input", "continue-after-app-message"}
 _E = _D | {"closed-when-idle", "tool-argument-bytes", "stream-events-as-pi"}
 _F = _E | {"abort-over-stop"}
+_G = _F | {"tool-batch-in-parts"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-g": _G,
     "agent-2026-12-f": _F,
     "agent-2026-12-e": _E,
     "agent-2026-12-d": _D,
@@ -69,6 +71,13 @@ class Versions:
         path only it takes needs no patch id of its own, and asking this
         records nothing (safe where a command may not be made)."""
         return self._current
+
+    def marked(self, patch_id: str) -> bool:
+        """The run has ``patch_id`` by its combined marker (``CURRENT`` or one
+        in ``PREVIOUS``). Asks no marker, so it is safe where a command may
+        not be made (a signal handler); False before ``start``, and for a
+        patch only its own marker stands for."""
+        return self._current or patch_id in self._implied
 
     def has(self, patch_id: str) -> bool:
         return self._current or patch_id in self._implied or workflow.patched(patch_id)
