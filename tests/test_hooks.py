@@ -87,6 +87,49 @@ async def test_hook_failures_become_error_results(
     assert result.messages[-1].text == "ok"
 
 
+async def test_a_decision_whose_reason_is_not_text_is_the_calls_error_not_a_wedge(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """`BlockToolCall(reason=12345)` failed every workflow task of the
+    conversation (a hooks audit): a reason is text, else the call's error."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("n1", "echo", text="block-with-a-number"),
+                    call("n2", "echo", text="approve-with-an-object"),
+                ]
+            },
+            {"text": "ok"},
+        ],
+    )
+    result = await run_guarded(client, model, "go")
+    by_id = {m.tool_call_id: m for m in result.messages if m.role == "toolResult"}
+    assert by_id["n1"].is_error and by_id["n1"].content[0].text == (
+        "before_tool_call returned BlockToolCall with a reason of type int; the reason must be text."
+    )
+    assert by_id["n2"].content[0].text.startswith("before_tool_call returned RequireApproval with a reason")
+    assert result.messages[-1].text == "ok"
+
+
+async def test_hooks_changing_what_they_are_given_change_nothing(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """Hooks are handed the transcript and the outcome: clearing it erased
+    the transcript, and appending to either failed every workflow task (a
+    hooks audit). They get copies; a change goes through the return value."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model, [{"tool_calls": [call("m1", "sequential_echo", text="clear-the-transcript")]}, {"text": "ok"}]
+    )
+    result = await run_guarded(client, model, "go")
+    assert [m.role for m in result.messages] == ["user", "assistant", "toolResult", "assistant"]
+    assert result.messages[2].content[0].text == "sequential: clear-the-transcript"
+    assert result.messages[-1].text == "ok"
+
+
 async def test_a_hook_raising_cancelled_error_gives_an_error_result_and_the_run_goes_on(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:

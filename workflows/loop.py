@@ -403,7 +403,9 @@ async def _prepare(
     try:
         args = validate_tool_arguments(tool, config.prepare_arguments(call))
         decision = await _maybe_await(
-            config.hooks.before_tool_call(ToolCallContext(message, call, args, context.messages))
+            # A copy of the list: a hook that appends to it or clears it
+            # must not change the transcript (a hooks audit saw both).
+            config.hooks.before_tool_call(ToolCallContext(message, call, args, list(context.messages)))
         )
     except ToolArgumentsError as err:
         return error_outcome(str(err))
@@ -411,6 +413,12 @@ async def _prepare(
         if not is_user_failure(err):
             raise
         return error_outcome(failure_text(err))  # a shim's or hook's failure is the call's error result
+    if isinstance(decision, BlockToolCall | RequireApproval) and not isinstance(decision.reason, str | None):
+        # Not a failure to raise later, where it would fail every workflow task.
+        return error_outcome(
+            f"before_tool_call returned {type(decision).__name__} with a reason of type "
+            f"{type(decision.reason).__name__}; the reason must be text."
+        )
     if isinstance(decision, BlockToolCall):
         return error_outcome(decision.reason or "Tool execution was blocked")
     if decision is not None and not isinstance(decision, RequireApproval):
@@ -465,9 +473,11 @@ async def finalize_executed_tool_call(
 ) -> ToolOutcome:
     """pi's ``finalizeExecutedToolCall``: ``after_tool_call`` may replace
     fields of the result; if it raises, the result becomes an error."""
-    call_context = ToolCallContext(message, prepared.call, prepared.args, context.messages)
+    call_context = ToolCallContext(message, prepared.call, prepared.args, list(context.messages))
     try:
-        override = await _maybe_await(config.hooks.after_tool_call(call_context, outcome))
+        # Copies, as for before_tool_call: a change goes through ToolResultOverride.
+        seen = outcome.model_copy(update={"content": list(outcome.content)})
+        override = await _maybe_await(config.hooks.after_tool_call(call_context, seen))
         if override is None:
             return outcome
         if not isinstance(override, ToolResultOverride):

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
-from workflows.hooks import AgentHooks, BlockToolCall, ToolCallContext, ToolResultOverride, TurnContext
+from workflows.hooks import (
+    AgentHooks,
+    BlockToolCall,
+    RequireApproval,
+    ToolCallContext,
+    ToolResultOverride,
+    TurnContext,
+)
 from workflows.models import TextContent, ToolOutcome
 
 
@@ -13,7 +20,15 @@ class GuardedHooks(AgentHooks):
     """Blocks `explode`, rewrites echo results, stops after a `whoami` call,
     and fails on purpose where a test says so."""
 
-    def before_tool_call(self, context: ToolCallContext) -> BlockToolCall | None:
+    def before_tool_call(self, context: ToolCallContext) -> BlockToolCall | RequireApproval | None:
+        if context.args.get("text") == "clear-the-transcript":
+            context.messages.clear()
+            context.messages.append("junk")  # type: ignore[arg-type]
+            return None
+        if context.args.get("text") == "block-with-a-number":
+            return BlockToolCall(reason=12345)  # type: ignore[arg-type]
+        if context.args.get("text") == "approve-with-an-object":
+            return RequireApproval(reason=object())  # type: ignore[arg-type]
         if context.tool_call.name == "explode":
             return BlockToolCall(reason="explode is not allowed here")
         if context.args.get("text") == "fail-before":
@@ -27,6 +42,10 @@ class GuardedHooks(AgentHooks):
     async def after_tool_call(
         self, context: ToolCallContext, outcome: ToolOutcome
     ) -> ToolResultOverride | None:
+        if context.args.get("text") == "clear-the-transcript":
+            context.messages.clear()
+            outcome.content.append(object())  # type: ignore[arg-type]
+            return None
         if context.tool_call.name == "echo":
             return ToolResultOverride(content=[TextContent(text="redacted")], details={"redacted": True})
         if context.tool_call.name == "sequential_echo":
