@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -294,6 +294,8 @@ class Conversation:
     async def approve(self, tool_call_id: str, approved: bool = True, reason: str | None = None) -> None:
         """Decide a tool call that waits for approval (``state().pending_approvals``,
         or a ``tool_approval_request`` event); refused for an id that is not waiting."""
+        if not isinstance(approved, bool):  # "no" would read as true, "too risky" fail validation
+            raise Refused(f"approved is True or False, not {approved!r} (a reason goes in reason=...).")
         request = ApprovalRequest(tool_call_id=tool_call_id, approved=approved, reason=reason)
         async with self._refusals():
             await self.handle.execute_update("approve_tool", request.model_dump())
@@ -347,7 +349,8 @@ class Conversation:
 
     async def result(self) -> SessionResult:
         """The transcript, once the conversation is closed."""
-        return await self.handle.result()
+        async with self._refusals():
+            return await self.handle.result()
 
     async def history(self) -> WorkflowHistory:
         """The workflow's Temporal history (what the server stores for it)."""
@@ -537,6 +540,10 @@ def _wire(message: Message | list[Message]) -> Any:
         return [_wire(m) for m in message]
     if isinstance(message, (str, dict)):
         return message
+    if not isinstance(message, BaseModel):
+        raise Refused(
+            f"A message is a text, a message object or a dict of one, not {type(message).__name__}."
+        )
     return message.model_dump(mode="json")
 
 

@@ -391,6 +391,21 @@ async def test_deciding_a_call_that_does_not_wait_is_refused(stack: Stack) -> No
         await chat.approve("call_x")
 
 
+async def test_misused_calls_are_refused_with_a_sentence(stack: Stack) -> None:
+    """A hooks and client audit: `approve(id, "too risky")` failed in
+    pydantic, `approved="no"` rejected the call, `prompt(123)` raised an
+    AttributeError."""
+    chat = await stack.conversation()
+
+    with pytest.raises(Refused, match=r"^approved is True or False, not 'too risky' \(a reason goes in"):
+        await chat.approve("call_x", "too risky")  # type: ignore[arg-type]
+    with pytest.raises(Refused, match=r"^approved is True or False, not 'no'"):
+        await chat.approve("call_x", approved="no")  # type: ignore[arg-type]
+    with pytest.raises(Refused, match=r"^A message is a text, a message object or a dict of one, not int\.$"):
+        await chat.prompt(123)  # type: ignore[arg-type]
+    assert (await chat.state()).status == "idle"  # nothing was sent
+
+
 async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
     missing = Conversation.attach(stack.client, "test-no-such-conversation")
     ended = await stack.conversation()
@@ -399,6 +414,8 @@ async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
 
     with pytest.raises(ConversationNotFound, match=r"^No conversation has the id test-no-such-conversation"):
         await missing.state()
+    with pytest.raises(ConversationNotFound, match=r"^No conversation has the id test-no-such-conversation"):
+        await missing.result()
     with pytest.raises(ConversationNotFound, match=rf"^Conversation {ended.id} has ended: start a new one"):
         await ended.steer("anyone there?")
     terminated = await stack.conversation()
