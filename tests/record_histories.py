@@ -242,6 +242,15 @@ async def approval(client: Client, server: ScriptedModelServer, model: str) -> W
     return handle
 
 
+async def continued(client: Client, workflow_id: str) -> None:
+    """Until the conversation has continued as new (at most ~10 s)."""
+    for _ in range(100):
+        runs = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+        if len(runs) > 1:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def idle_switch(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
     """A run long enough (over 500 history events) that the conversation,
     once idle, continues as new at once; then one more prompt."""
@@ -251,11 +260,7 @@ async def idle_switch(client: Client, server: ScriptedModelServer, model: str) -
     server.script(model, [*steps, {"text": "done"}, {"text": "after the switch"}])
     handle = await start(client, model, prompt="count")
     await handle.execute_update("wait_for_idle")
-    for _ in range(100):
-        runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
-        if len(runs) > 1:
-            break
-        await asyncio.sleep(0.1)
+    await continued(client, handle.id)
     while True:
         try:
             await client.get_workflow_handle(handle.id).execute_update("prompt", "again")
@@ -281,11 +286,7 @@ async def abort_before_switch(
     await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 2)
     await handle.signal("abort")
     await log.wait_for_type("agent_end")
-    for _ in range(100):
-        runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
-        if len(runs) > 1:
-            break
-        await asyncio.sleep(0.05)
+    await continued(client, handle.id)
     await asyncio.sleep(1.5)  # the aborted call's late batches
     latest = client.get_workflow_handle(handle.id)
     await latest.execute_update("prompt", "again")
