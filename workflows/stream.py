@@ -100,7 +100,7 @@ class EventStream:
         # dropped only by a run with DROP_CARRIED_PUBLISHERS_PATCH
         # (``drop_carried``): a run an older worker recorded published
         # them, and must replay so.
-        self._carried_closed = frozenset(closed_publishers)
+        self._carried_closed = tuple(closed_publishers)  # in order: carried on as written
         self.drop_carried: Callable[[], bool] = lambda: False  # set by the workflow
         self._publisher_calls: dict[str, str] = {}  # publisher -> the model call it marked
         self.run_active: Callable[[], bool] = lambda: False  # set by the workflow
