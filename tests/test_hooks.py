@@ -127,6 +127,7 @@ async def test_hooks_changing_what_they_are_given_change_nothing(
     result = await run_guarded(client, model, "go")
     assert [m.role for m in result.messages] == ["user", "assistant", "toolResult", "assistant"]
     assert result.messages[2].content[0].text == "sequential: clear-the-transcript"
+    assert "edited" not in (result.messages[2].details or {})
     assert result.messages[-1].text == "ok"
 
 

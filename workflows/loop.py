@@ -476,7 +476,7 @@ async def finalize_executed_tool_call(
     call_context = ToolCallContext(message, prepared.call, prepared.args, list(context.messages))
     try:
         # Copies, as for before_tool_call: a change goes through ToolResultOverride.
-        seen = outcome.model_copy(update={"content": list(outcome.content)})
+        seen = outcome.model_copy(deep=True)
         override = await _maybe_await(config.hooks.after_tool_call(call_context, seen))
         if override is None:
             return outcome

@@ -45,6 +45,9 @@ class GuardedHooks(AgentHooks):
         if context.args.get("text") == "clear-the-transcript":
             context.messages.clear()
             outcome.content.append(object())  # type: ignore[arg-type]
+            outcome.content[0].text = "edited in place"  # type: ignore[union-attr]
+            if isinstance(outcome.details, dict):
+                outcome.details["edited"] = True
             return None
         if context.tool_call.name == "echo":
             return ToolResultOverride(content=[TextContent(text="redacted")], details={"redacted": True})
