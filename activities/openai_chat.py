@@ -221,6 +221,62 @@ async def stream_chunks(client: openai.AsyncOpenAI, params: dict[str, Any]) -> o
     )
 
 
+def completion_as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
+    """A whole (not streamed) chat completion as the one chunk that would
+    say the same: each choice's message as its delta, its tool calls
+    numbered."""
+    choices = []
+    for choice in completion.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        delta = dict(message) if isinstance(message, dict) else {}
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            delta["tool_calls"] = [
+                {**call, "index": call.get("index", n)} if isinstance(call, dict) else call
+                for n, call in enumerate(calls)
+            ]
+        choices.append(
+            {"index": choice.get("index", 0), "delta": delta, "finish_reason": choice.get("finish_reason")}
+        )
+    return {"object": "chat.completion.chunk", "choices": choices, "usage": completion.get("usage")}
+
+
+def _text_of(value: Any) -> str:
+    """A streamed field as text: a string as it is (lone surrogates
+    replaced), the texts of a list of parts joined, a number as its digits,
+    nothing as ``""``."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return "".join(text for _, text in _content_parts(value))
+    if isinstance(value, dict):
+        return _text_of(value.get("text"))
+    return clean_text(str(value))
+
+
+def _content_parts(parts: list[Any]) -> list[tuple[str, str]]:
+    """``("text" | "thinking", text)`` for each part of a content list that
+    has text (Mistral streams ``{"type": "thinking", "thinking": [...]}``
+    parts beside its text ones)."""
+    found: list[tuple[str, str]] = []
+    for part in parts:
+        if isinstance(part, str):
+            kind, text = "text", clean_text(part)
+        elif isinstance(part, dict) and part.get("type") == "thinking":
+            kind, text = "thinking", _text_of(part.get("thinking"))
+        elif isinstance(part, dict):
+            kind, text = "text", _text_of(part.get("text"))
+        else:
+            continue
+        if text:
+            found.append((kind, text))
+    return found
+
+
 class StreamEndedEarly(Exception):
     """The stream closed before the model said why it stopped."""
 
@@ -242,8 +298,9 @@ class StreamAssembler:
         self._provider = provider
         self._blocks: list[TextContent | ThinkingContent | ToolCall] = []
         self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
-        self._tool_blocks: dict[int, int] = {}  # OpenAI tool index -> block index
+        self._tool_blocks: dict[Any, int] = {}  # OpenAI tool index -> block index
         self._sent_ids: dict[int, str] = {}  # tool block -> the id the server gave it
+        self._sent_id_blocks: dict[str, int] = {}  # and back (its first block)
         self._call_ids: set[str] = set()
         self._open: int | None = None  # open text/thinking block
         self._open_tool: int | None = None  # tool call receiving deltas
@@ -261,22 +318,45 @@ class StreamAssembler:
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """Consume one streamed chunk (its JSON, as ``stream_chunks`` yields
-        it); return the events it makes."""
+        it); return the events it makes.
+
+        Servers differ in what they put where, and an answer one of them
+        sends the same way every time must not fail every attempt: content
+        may come as a list of parts (Mistral's ``[{"type": "text", ...},
+        {"type": "thinking", ...}]``), arguments as a JSON object
+        (llama.cpp), an id as a number; a tool call delta may come without
+        ``index`` (its id, else the call it continues, tells which)."""
         self.started = True
-        if chunk.get("usage"):
+        if isinstance(chunk.get("usage"), dict) and chunk["usage"]:
             self._usage = chunk["usage"]
         events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
             field = next((f for f in REASONING_FIELDS if delta.get(f)), None)
             if field is not None:
-                events += self._append_text(ThinkingContent, "thinking", clean_text(delta[field]), field)
-            if delta.get("content"):
-                events += self._append_text(TextContent, "text", clean_text(delta["content"]))
-            for call in delta.get("tool_calls") or []:
-                events += self._append_tool_call(call)
+                thinking = _text_of(delta[field])
+                if thinking:
+                    events += self._append_text(ThinkingContent, "thinking", thinking, field)
+            content = delta.get("content")
+            if isinstance(content, list):
+                for kind, text in _content_parts(content):
+                    if kind == "thinking":
+                        events += self._append_text(ThinkingContent, "thinking", text)  # not sent back
+                    else:
+                        events += self._append_text(TextContent, "text", text)
+            elif content:
+                events += self._append_text(TextContent, "text", _text_of(content))
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                if isinstance(call, dict):
+                    events += self._append_tool_call(call)
             if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+                self._finish_reason = _text_of(choice["finish_reason"])
         return events
 
     def _append_text(
@@ -306,37 +386,67 @@ class StreamAssembler:
 
     def _append_tool_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        function = call.get("function") or {}
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         started = len(self._raw_args)  # tool calls started
-        index = call["index"] if call.get("index") is not None else started
-        block_index = self._tool_blocks.get(index)
-        sent_id = call.get("id")
-        if block_index is not None and sent_id and sent_id != self._sent_ids.get(block_index):
-            block_index = None  # another call at an index in use (some Ollama versions number every call 0)
+        sent_id = _text_of(call.get("id"))
+        name = _text_of(function.get("name"))
+        index = call.get("index")
+        block_index = self._block_of(index if isinstance(index, int) else None, sent_id, name)
         if block_index is None and started >= MAX_TOOL_CALLS_PER_ANSWER:
             self.too_many_calls = True
             return events
         if block_index is None:
             events += self._close_open() + self._close_tool()
-            name = clean_text(function.get("name") or "")
-            call_id = self._unique_id(clean_text(sent_id or f"call_{started}"))
+            call_id = self._unique_id(sent_id or f"call_{started}")
             self._blocks.append(ToolCall(id=call_id, name=name))
             block_index = len(self._blocks) - 1
-            self._tool_blocks[index] = block_index
-            if sent_id:
-                self._sent_ids[block_index] = sent_id
+            self._tool_blocks[index if isinstance(index, int) else ("no index", block_index)] = block_index
             self._raw_args[block_index] = ""
             events.append(
                 {"type": "toolcall_start", "contentIndex": block_index, "id": call_id, "toolName": name}
             )
         elif block_index != self._open_tool:
             events += self._close_tool()  # an interleaved delta: that call is open again
+        if sent_id and block_index not in self._sent_ids:
+            self._sent_ids[block_index] = sent_id  # its id, sent now or on a later delta
+            self._sent_id_blocks.setdefault(sent_id, block_index)
         self._open_tool = block_index
-        pieces = clean_text(function.get("arguments") or "")
+        arguments = function.get("arguments")
+        pieces = (
+            clean_text(json.dumps(arguments, ensure_ascii=False))
+            if isinstance(arguments, dict | list)
+            else _text_of(arguments)
+        )
         if pieces:
             self._raw_args[block_index] += pieces
             events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})
         return events
+
+    def _block_of(self, index: int | None, sent_id: str, name: str) -> int | None:
+        """The tool call block a delta continues (None: it starts a call).
+
+        By ``index``, unless the delta names another call there: another id
+        (some Ollama versions number every call 0), or, without an id,
+        another function. Without ``index``: the call with its id, or, with
+        neither id nor name (a piece of arguments), the last call."""
+        if index is None:
+            if sent_id:
+                return self._sent_id_blocks.get(sent_id)
+            if name or not self._raw_args:
+                return None
+            return self._open_tool if self._open_tool is not None else max(self._raw_args)
+        block_index = self._tool_blocks.get(index)
+        if block_index is None:
+            return None
+        known_id = self._sent_ids.get(block_index)
+        if sent_id and known_id is not None and sent_id != known_id:
+            return None
+        block = self._blocks[block_index]
+        if not sent_id and name and isinstance(block, ToolCall) and block.name and name != block.name:
+            return None
+        return block_index
 
     def _unique_id(self, call_id: str) -> str:
         """``call_id``, or, when a call of this answer has it already, the
@@ -396,7 +506,11 @@ class StreamAssembler:
         too_many = self.too_many_calls and not aborted
         dropped = aborted or too_many
         if not dropped and self._finish_reason is None:
-            raise StreamEndedEarly("The model's stream ended before it finished its answer.")
+            raise StreamEndedEarly(
+                "The model's stream ended before it finished its answer."
+                if self.started
+                else "The model server's stream ended without a single chunk."
+            )
         events = self._close_open() + self._close_tool()
         if not dropped:
             events += [

@@ -471,3 +471,89 @@ def test_a_user_message_with_no_content_is_not_sent() -> None:
         ],
     )
     assert sent == [{"role": "user", "content": "next"}]
+
+
+def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+
+def test_content_as_a_list_of_parts_is_text_and_thinking() -> None:
+    """Mistral streams content as parts: `'list' object has no attribute
+    'encode'` failed every attempt of every answer (found by a provider audit)."""
+    assembler = StreamAssembler("m")
+    assembler.feed(
+        _chunk(
+            {
+                "role": "assistant",
+                "content": [{"type": "thinking", "thinking": [{"type": "text", "text": "hm"}]}],
+            }
+        )
+    )
+    assembler.feed(_chunk({"content": [{"type": "text", "text": "list "}, "content"]}))
+    assembler.feed(_chunk({}, "stop"))
+    message, _, _ = assembler.finish()
+    assert [type(b).__name__ for b in message.content] == ["ThinkingContent", "TextContent"]
+    assert message.content[0].thinking == "hm" and message.content[1].text == "list content"
+    assert message.content[0].thinking_signature is None  # not a field to send back
+    assert message.stop_reason == "stop"
+
+
+def test_arguments_as_an_object_and_a_numeric_id_are_taken() -> None:
+    """llama-server has sent arguments as a JSON object; an id may be a number."""
+    assembler = StreamAssembler("m")
+    call = {
+        "index": 0,
+        "id": 7,
+        "type": "function",
+        "function": {"name": "calc", "arguments": {"expression": "5*5"}},
+    }
+    assembler.feed(_chunk({"tool_calls": [call]}))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == [("7", "calc", {"expression": "5*5"})]
+    assert errors == {} and message.stop_reason == "toolUse"
+
+
+def test_pieces_of_arguments_without_index_continue_their_call() -> None:
+    """A delta with no index, no id and no name is the rest of the last
+    call's arguments; it was taken for a new call (two broken calls)."""
+    assembler = StreamAssembler("m")
+    first = {"type": "function", "id": "call_f", "function": {"name": "calc", "arguments": '{"expression":'}}
+    assembler.feed(_chunk({"tool_calls": [first]}))
+    assembler.feed(_chunk({"tool_calls": [{"type": "function", "function": {"arguments": '"3+4"}'}}]}))
+    whole = {"type": "function", "function": {"name": "echo", "arguments": '{"text": "x"}'}}
+    assembler.feed(_chunk({"tool_calls": [whole]}))  # a name: another call
+    assembler.feed(_chunk({"tool_calls": [{"id": "call_f", "function": {"arguments": ""}}]}))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == [
+        ("call_f", "calc", {"expression": "3+4"}),
+        ("call_1", "echo", {"text": "x"}),
+    ]
+    assert errors == {}
+
+
+def test_an_id_sent_after_the_first_delta_does_not_split_the_call() -> None:
+    assembler = StreamAssembler("m")
+    assembler.feed(_tool_chunk(0, name="calc", args='{"expression":'))
+    assembler.feed(_tool_chunk(0, call_id="call_late", args=' "1"}'))
+    assembler.feed(_tool_chunk(0, call_id="call_late"))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    assert [(c.id, c.arguments) for c in message.tool_calls] == [("call_0", {"expression": "1"})]
+    assert errors == {}
+
+
+def test_another_function_at_an_index_in_use_without_ids_is_another_call() -> None:
+    """Two calls at index 0 without ids: the second's arguments were appended
+    to the first's (`{..}{}`, an error) and the second call was lost."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_tool_chunk(0, name="calc", args='{"expression": "1+1"}'))
+    assembler.feed(_tool_chunk(0, name="list_files", args="{}"))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    assert [(c.name, c.arguments) for c in message.tool_calls] == [
+        ("calc", {"expression": "1+1"}),
+        ("list_files", {}),
+    ]
+    assert errors == {}
