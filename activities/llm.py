@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import html
 import inspect
+import json
 import logging
+import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +37,7 @@ from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
 from activities.openai_chat import (
     StreamAssembler,
+    completion_as_chunk,
     default_convert_to_llm,
     reasoning_effort,
     stream_chunks,
@@ -232,7 +236,10 @@ async def _stream(
 ) -> None:
     stream = await stream_chunks(client, params)
     first_delta = True
-    async for chunk in stream:
+    chunks: AsyncIterator[Any] = stream
+    if stream.response.headers.get("content-type", "").startswith("application/json"):
+        chunks = _whole_answer(stream)  # a server that does not stream (or cannot, this once)
+    async for chunk in chunks:
         was_started = assembler.started
         deltas = assembler.feed(chunk)
         if not was_started:
@@ -255,6 +262,21 @@ async def _stream(
         if assembler.too_many_calls:
             await stream.close()  # the answer is refused: stop the model writing more of it
             return
+
+
+async def _whole_answer(stream: openai.AsyncStream[Any]) -> AsyncIterator[dict[str, Any]]:
+    """A completion the server sent whole (``application/json``, not a
+    stream) as the one chunk it amounts to; an ``error`` it holds raised
+    as the stream's would be."""
+    response = stream.response
+    body = json.loads(await response.aread())
+    if isinstance(body, dict) and body.get("error"):
+        error = body["error"]
+        message = error.get("message") if isinstance(error, dict) else error
+        raise openai.APIError(str(message), response.request, body=error)
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise ValueError(f"the server answered JSON that is no chat completion: {_one_line(str(body))[:200]}")
+    yield completion_as_chunk(body)
 
 
 class _ModelMetrics:
@@ -313,6 +335,8 @@ def _classify(
         return ApplicationError(
             scrub(f"Could not reach the model server: {_reason_of(err)}", secrets), type="ModelUnreachable"
         )
+    if isinstance(err, openai.APIError):
+        return _stream_error(err, secrets)
     # Anything else broke the stream mid-way (a dropped connection, a chunk
     # that is not JSON): the next attempt starts over.
     return ApplicationError(
@@ -327,12 +351,59 @@ def _reason_of(err: openai.APIConnectionError) -> str:
 
 
 def _error_detail(err: openai.APIStatusError) -> str:
-    body = err.body
+    """What the server said, in one line: its ``error.message`` (OpenAI,
+    vLLM, llama.cpp), its ``error`` text (TGI), ``detail`` (FastAPI) or
+    ``message``, else its body as text (an HTML page's title); a 404 that
+    says nothing more names the setting to check."""
+    said = _said(err.body)
+    if err.status_code == 404 and not (isinstance(err.body, dict) and err.body.get("message")):
+        said = f"{said or 'Not Found'} (is OPENAI_BASE_URL the API's root? It usually ends in /v1)"
+    return said or err.message
+
+
+def _said(body: object) -> str:
+    """The text an error body holds, on one line, at most 300 characters."""
     if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-    return err.message
+        said = next(
+            (body[key] for key in ("message", "error", "detail", "msg") if body.get(key)),
+            None,
+        )
+        if isinstance(said, dict):
+            return _said(said)
+        return _one_line(said if isinstance(said, str) else json.dumps(said)) if said else ""
+    if isinstance(body, str):
+        title = re.search(r"<title[^>]*>(.*?)</title>", body, re.IGNORECASE | re.DOTALL)
+        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", body) if "</" in body else body
+        return _one_line(html.unescape(text) if "</" in body else text)
+    return ""
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:299] + "\u2026"
+
+
+def _stream_error(err: openai.APIError, secrets: Sequence[str | None]) -> ApplicationError:
+    """An error the server sent as an event of the stream (vLLM, OpenRouter:
+    ``data: {"error": {...}}``): permanent when its code is a client error
+    (not 408, 409 or 429) or it says the context is too long, as the same
+    answer from the HTTP status would be."""
+    body = err.body if isinstance(err.body, dict) else {}
+    code = body.get("code", body.get("status"))
+    status = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
+    said = _said(body) or err.message
+    lowered = f"{code} {body.get('type')} {said}".lower()
+    permanent = (status is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS) or any(
+        words in lowered for words in _PERMANENT_WORDS
+    )
+    return ApplicationError(
+        scrub(f"The model server sent an error mid-answer: {said}", secrets),
+        type="ModelStreamError",
+        non_retryable=permanent,
+    )
+
+
+_PERMANENT_WORDS = ("context_length_exceeded", "context length", "invalid_request_error", "badrequesterror")
 
 
 def _retry_after(response: Any) -> timedelta | None:

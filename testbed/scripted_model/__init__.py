@@ -3,6 +3,7 @@
 from .demo_brain import respond
 from .script import (
     DropFault,
+    ErrorEventFault,
     MalformedFault,
     ScriptStep,
     ScriptToolCall,
@@ -15,6 +16,7 @@ from .server import DEMO_MODEL, ScriptedModelServer, ScriptStore, create_app, se
 __all__ = [
     "DEMO_MODEL",
     "DropFault",
+    "ErrorEventFault",
     "MalformedFault",
     "ScriptStep",
     "ScriptStore",

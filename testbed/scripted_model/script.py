@@ -58,6 +58,10 @@ class StatusFault(_Strict):
     message: str | None = None
     type: str | None = None
     code: str | None = None
+    body: str | None = None
+    """A raw body to send instead of OpenAI's JSON error (an HTML page from
+    a proxy, a framework's `404 page not found`), as `text/html` when it
+    starts with `<`, else `text/plain`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -90,8 +94,20 @@ class MalformedFault(_Strict):
     after_chunks: int = Field(default=1, ge=0)
 
 
+class ErrorEventFault(_Strict):
+    """Stream `after_chunks` chunks, then an error as an event of the stream
+    (`data: {"error": {...}}`, as vLLM and OpenRouter send one mid-answer),
+    then `[DONE]`."""
+
+    kind: Literal["error_event"]
+    after_chunks: int = Field(default=1, ge=0)
+    message: str = "scripted error mid-stream"
+    code: int | str | None = None
+    type: str | None = None
+
+
 Fault = Annotated[
-    StatusFault | StallFault | DropFault | MalformedFault,
+    StatusFault | StallFault | DropFault | MalformedFault | ErrorEventFault,
     Field(union_mode="left_to_right"),
 ]
 
@@ -112,6 +128,9 @@ class ScriptStep(_Strict):
     delay_ms: float = Field(default=0.0, ge=0)
     first_delay_ms: float = Field(default=0.0, ge=0)
     fault: Fault | None = None
+    whole: bool = False
+    """Answer with the whole completion as JSON even when asked to stream
+    (servers that do not stream)."""
 
     def resolved_finish_reason(self) -> str:
         """The scripted finish reason, else `tool_calls` or `stop` depending on content."""

@@ -29,6 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 from . import demo_brain
 from .script import (
     DropFault,
+    ErrorEventFault,
     MalformedFault,
     ScriptStep,
     ScriptToolCall,
@@ -289,6 +290,10 @@ def error_response(
 
 def _fault_response(fault: StatusFault) -> web.Response:
     """The error response a status fault asks for."""
+    if fault.body is not None:
+        kind = "text/html" if fault.body.lstrip().startswith("<") else "text/plain"
+        headers = {} if fault.retry_after is None else {"Retry-After": f"{fault.retry_after:g}"}
+        return web.Response(status=fault.status, text=fault.body, content_type=kind, headers=headers)
     return error_response(
         fault.status,
         fault.message,
@@ -322,7 +327,11 @@ async def _stream(
     await response.prepare(request)
     timed = _timed_chunks(step, completion, body)
     fault = step.fault
-    split = fault.after_chunks if isinstance(fault, StallFault | DropFault | MalformedFault) else len(timed)
+    split = (
+        fault.after_chunks
+        if isinstance(fault, StallFault | DropFault | MalformedFault | ErrorEventFault)
+        else len(timed)
+    )
     try:
         if fault is None and len(timed) > 2:
             # Note when the first token leaves (benchmarks measure time to screen).
@@ -334,6 +343,10 @@ async def _stream(
             await response.write(_MALFORMED_EVENT)
         if isinstance(fault, DropFault | MalformedFault):
             _cut_connection(request)
+            return response
+        if isinstance(fault, ErrorEventFault):
+            error = {"message": fault.message, "type": fault.type, "code": fault.code}
+            await response.write(_sse({"error": error}) + _DONE_EVENT)
             return response
         if isinstance(fault, StallFault):
             await asyncio.sleep(fault.seconds)
@@ -356,6 +369,10 @@ async def _complete(
         _cut_connection(request)
     if isinstance(fault, MalformedFault):
         return web.Response(body=_MALFORMED_EVENT[len(b"data: ") :], content_type="application/json")
+    if isinstance(fault, ErrorEventFault):  # some servers answer 200 with an error object
+        return web.json_response(
+            {"error": {"message": fault.message, "type": fault.type, "code": fault.code}}
+        )
     return web.json_response(_completion_body(step, completion, body))
 
 
@@ -456,7 +473,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     numbers = request.app[_COUNTER_KEY]
     number = next(numbers)
     completion = _Completion(id=f"chatcmpl-{number}", created=int(time.time()), model=body["model"])
-    if body.get("stream"):
+    if body.get("stream") and not step.whole:
         return await _stream(request, step, completion, body)
     return await _complete(request, step, completion, body)
 

@@ -1,0 +1,117 @@
+"""OpenAI-compatible servers that answer unlike OpenAI (found by a provider
+audit): error pages instead of JSON errors, a completion sent whole when a
+stream was asked for, an error sent as an event of the stream. On a real
+dev server with the real worker and the scripted model over HTTP."""
+
+from __future__ import annotations
+
+from tests.support.stack import Stack
+
+NGINX_502 = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+async def test_a_plain_text_404_says_what_the_server_said_and_which_setting_to_check(stack: Stack) -> None:
+    """Ollama at a base URL without /v1 answers `404 page not found`: the
+    error said only "Error code: 404"."""
+    stack.script(
+        {"fault": {"kind": "status", "status": 404, "body": "404 page not found"}}, {"text": "unused"}
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "error" and last.error_message is not None
+    assert last.error_message.startswith("The model server answered 404: 404 page not found")
+    assert "OPENAI_BASE_URL" in last.error_message
+    assert len(stack.requests()) == 1  # not retried
+
+
+async def test_an_error_page_and_a_text_error_are_read_for_the_message(stack: Stack) -> None:
+    """A proxy's HTML 502 (retried: the failure names the page's title), then
+    a TGI-style 400 whose `error` is a string (not retried)."""
+    stack.script(
+        {"fault": {"kind": "status", "status": 502, "body": NGINX_502, "retry_after": 0.1}},
+        {
+            "fault": {
+                "kind": "status",
+                "status": 400,
+                "body": '{"error": "Input validation error: inputs tokens + max_new_tokens must be <= 4096",'
+                ' "error_type": "validation"}',
+            }
+        },
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.error_message == (
+        "The model server answered 400: Input validation error: "
+        "inputs tokens + max_new_tokens must be <= 4096"
+    )
+    history = await handle.fetch_history()
+    failures = [
+        e.activity_task_started_event_attributes.last_failure.message
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+        and e.activity_task_started_event_attributes.attempt > 1
+    ]
+    assert failures == ["The model server answered 502: 502 Bad Gateway"]
+    assert len(stack.requests()) == 2
+
+
+async def test_a_server_that_answers_whole_instead_of_streaming_is_understood(stack: Stack) -> None:
+    """A 200 `application/json` completion to a streamed request was taken
+    for a stream that ended early: retried five times, the answer lost."""
+    stack.script(
+        {
+            "tool_calls": [{"id": "c1", "name": "calculator", "arguments": {"expression": "6*7"}}],
+            "whole": True,
+        },
+        {"text": "It is 42.", "whole": True},
+    )
+    handle = await stack.start(prompt="6*7?", closeWhenIdle=True)
+    messages = (await handle.result()).messages
+    assert [m.role for m in messages] == ["user", "assistant", "toolResult", "assistant"]
+    assert messages[2].content[0].text == "6*7 = 42" and not messages[2].is_error
+    assert messages[-1].text == "It is 42." and messages[-1].stop_reason == "stop"
+    assert messages[-1].usage.output > 0
+    assert len(stack.requests()) == 2
+    kinds = [e["type"] for e in await stack.events(handle.id)]
+    assert kinds.count("message_start") == 4 and "message_retry" not in kinds
+
+
+async def test_an_error_sent_mid_stream_is_retried_only_when_it_may_pass(stack: Stack) -> None:
+    """vLLM and OpenRouter send `data: {"error": ...}` in the stream. One
+    without a client-error code is retried; a context-length error (code
+    400) was retried five times too, though the same request cannot pass."""
+    stack.script(
+        {
+            "text": "partial ",
+            "fault": {"kind": "error_event", "after_chunks": 2, "message": "engine overloaded"},
+        },
+        {"text": "recovered"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    assert (await handle.result()).messages[-1].text == "recovered"
+    assert len(stack.requests()) == 2
+
+    stack.script(
+        {
+            "text": "partial ",
+            "fault": {
+                "kind": "error_event",
+                "after_chunks": 2,
+                "message": "This model's maximum context length is 4096 tokens. "
+                "However, you requested 5000 tokens.",
+                "type": "BadRequestError",
+                "code": 400,
+            },
+        },
+        {"text": "never used"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "error" and last.error_message is not None
+    assert last.error_message.startswith(
+        "The model server sent an error mid-answer: This model's maximum context"
+    )
+    assert len(stack.requests()) == 3  # the two above, and this one once
