@@ -92,6 +92,8 @@ class LlmActivities:
         self._context = context_store
         self._tools = tools
         self._client: openai.AsyncOpenAI | None = None
+        self._no_stream_options: set[str] = set()
+        """Models the server refused ``stream_options`` for (usage in the stream)."""
 
     def _openai_client(self) -> openai.AsyncOpenAI:
         """The client for the worker's model server (made on first use)."""
@@ -135,7 +137,12 @@ class LlmActivities:
             if info.attempt > 1:
                 events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
             try:
-                await _stream(client, params, assembler, events, info.attempt)
+                try:
+                    await _stream(client, params, assembler, events, info.attempt)
+                except openai.BadRequestError as err:
+                    if not self._refuses_stream_options(err, params):
+                        raise
+                    await _stream(client, params, assembler, events, info.attempt)
                 message, argument_errors, closing = assembler.finish()
             except asyncio.CancelledError:
                 details = activity.cancellation_details()
@@ -160,6 +167,22 @@ class LlmActivities:
             argument_errors=argument_errors,
             events=events.tail,
         )
+
+    def _refuses_stream_options(self, err: openai.BadRequestError, params: dict[str, Any]) -> bool:
+        """The server refused the request for its ``stream_options`` (older
+        vLLM, llama.cpp and proxies that check every field): it is left out
+        of this request and of this worker's next ones for the model. Usage
+        then comes only if the server sends it anyway."""
+        if "stream_options" not in params or "stream_options" not in _error_detail(err):
+            return False
+        logger.warning(
+            "The model server refuses stream_options for %s (%s): asking without it from now on",
+            params["model"],
+            _error_detail(err),
+        )
+        self._no_stream_options.add(params["model"])
+        del params["stream_options"]
+        return True
 
     async def _context_of(self, request: LlmRequest) -> tuple[Manifest, list[AgentMessage]]:
         """The manifest of the stored part of the context, and the whole context."""
@@ -211,8 +234,9 @@ class LlmActivities:
             "model": request.model,
             "messages": sent,
             "stream": True,
-            "stream_options": {"include_usage": True},
         }
+        if request.model not in self._no_stream_options:
+            params["stream_options"] = {"include_usage": True}
         tools = self._tools if self._tools is not None else registered_tools()
         missing = [n for n in request.tool_names if n not in tools]
         if missing:

@@ -115,3 +115,27 @@ async def test_an_error_sent_mid_stream_is_retried_only_when_it_may_pass(stack: 
         "The model server sent an error mid-answer: This model's maximum context"
     )
     assert len(stack.requests()) == 3  # the two above, and this one once
+
+
+async def test_a_server_that_refuses_stream_options_is_asked_without_them(stack: Stack) -> None:
+    """Older servers and strict proxies refuse the field that asks for usage
+    (400): every model call failed; now the worker asks again without it, and
+    no longer sends it."""
+    stack.script(
+        {
+            "fault": {
+                "kind": "400",
+                "message": "Unrecognized request argument supplied: stream_options",
+            }
+        },
+        {"text": "without usage"},
+        {"text": "and again"},
+    )
+    conversation = await stack.conversation()
+    await conversation.prompt("hi")
+    await conversation.wait_for_idle()
+    await conversation.prompt("next")
+    await conversation.wait_for_idle()
+    messages = await conversation.messages()
+    assert [m.text for m in messages if m.role == "assistant"] == ["without usage", "and again"]
+    assert ["stream_options" in r for r in stack.requests()] == [True, False, False]
