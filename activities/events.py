@@ -26,8 +26,9 @@ import logging
 from types import TracebackType
 from typing import Any
 
+from temporalio import activity
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, WireModel
 
@@ -35,6 +36,18 @@ logger = logging.getLogger(__name__)
 
 FIRST_FLUSH_MS = 10
 _MERGEABLE = {"text_delta", "thinking_delta", "toolcall_delta"}
+
+
+def run_stream_client() -> WorkflowStreamClient:
+    """The stream client of the workflow run that scheduled this activity.
+
+    Pinned to the run, not the workflow id: a call that outlives its run
+    (aborted just before the run continued as new) must not stream into the
+    next one. Signals to an ended run are refused (NOT_FOUND), and the
+    publisher stops."""
+    info, client = activity.info(), activity.client()
+    handle = client.get_workflow_handle(info.workflow_id or "", run_id=info.workflow_run_id)
+    return WorkflowStreamClient(handle, client=client)
 
 
 class ActivityEventPublisher:
@@ -50,7 +63,8 @@ class ActivityEventPublisher:
     def __init__(self, batch_ms: int, max_batches: int | None = None, *, call: str | None = None) -> None:
         """``call``: the model call's mark (``LlmRequest.stream_call``), sent
         with the first batch."""
-        self._client = WorkflowStreamClient.from_within_activity()
+        self._client = run_stream_client()
+        self._run_ended = False
         self._topic = self._client.topic(EVENTS_TOPIC)
         self._call = call
         self._base_interval = max(batch_ms, 1) / 1000
@@ -136,6 +150,8 @@ class ActivityEventPublisher:
 
     async def _send(self) -> None:
         batch, self._buffer = self._buffer, []
+        if self._run_ended:
+            return
         if batch:
             self.batches += 1
             if self._call is not None:  # the first batch says which call it is of
@@ -145,7 +161,12 @@ class ActivityEventPublisher:
             self._topic.publish(event)
         try:
             await self._client.flush()
-        except RPCError as err:  # kept pending by the client; retried next round
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                self._run_ended = True
+                logger.info("The run this call published to has ended; its later events are dropped")
+                return
+            # kept pending by the client; retried next round
             logger.warning("Publishing events failed, will retry: %s", err)
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.testing import ActivityEnvironment
 
+import activities.events as events_module
 from activities import builtin_tools
 from activities.builtin_tools import (
     MAX_LINE_CHARS,
@@ -370,7 +370,7 @@ async def test_a_model_reusing_a_call_id_gets_a_file_per_call(
         def topic(self, _name: str) -> Any:
             return self
 
-    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(NoStream))
+    monkeypatch.setattr(events_module, "run_stream_client", NoStream)
 
     runner = ToolActivities(output_cap=10, output_dir=tmp_path)
     paths = []
@@ -396,7 +396,7 @@ async def test_an_output_over_the_cap_is_cut_even_where_its_full_text_cannot_be_
         def topic(self, _name: str) -> Any:
             return self
 
-    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(NoStream))
+    monkeypatch.setattr(events_module, "run_stream_client", NoStream)
     runner = ToolActivities(output_cap=10, output_dir=Path("/proc/no-outputs"))
     request = ToolRequest(
         tool_call=ToolCall(id="call_0", name="echo", arguments={"text": "long " * 10}),

@@ -12,6 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import ActivityEnvironment
 
 import activities.events as events_module
 import client
@@ -395,7 +396,7 @@ async def test_an_answer_ending_during_the_first_token_delay_returns_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeStreamClient()
-    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(lambda: fake))
+    monkeypatch.setattr(events_module, "run_stream_client", lambda: fake)
     monkeypatch.setattr(events_module, "FIRST_FLUSH_MS", 2000)
     started = time.monotonic()
     async with ActivityEventPublisher(batch_ms=100) as events:
@@ -411,7 +412,7 @@ async def test_the_first_token_is_sent_after_the_delay_when_the_answer_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeStreamClient()
-    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(lambda: fake))
+    monkeypatch.setattr(events_module, "run_stream_client", lambda: fake)
     async with ActivityEventPublisher(batch_ms=10_000) as events:
         events.publish(AgentStartEvent(), flush=True)
         await asyncio.sleep(0.3)  # well past FIRST_FLUSH_MS, far from the batch interval
@@ -467,7 +468,7 @@ async def test_a_delta_published_as_json_is_the_event_the_model_would_give(
 ) -> None:
     # publish_delta skips building MessageUpdateEvent for each chunk; what it
     # buffers (merged deltas included) must be what publish() would.
-    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(FakeStreamClient))
+    monkeypatch.setattr(events_module, "run_stream_client", FakeStreamClient)
     deltas = [
         {"type": "text_start", "contentIndex": 0},
         {"type": "text_delta", "contentIndex": 0, "delta": "Hel"},
@@ -613,7 +614,7 @@ async def test_a_model_call_marks_its_first_batch_only(monkeypatch: pytest.Monke
 
             return Topic()
 
-    monkeypatch.setattr(WorkflowStreamClient, "from_within_activity", staticmethod(Topics))
+    monkeypatch.setattr(events_module, "run_stream_client", Topics)
     async with ActivityEventPublisher(batch_ms=10, call="run/1") as events:
         events.publish(AgentStartEvent(), flush=True)
         await asyncio.sleep(0.1)
@@ -624,3 +625,39 @@ async def test_a_model_call_marks_its_first_batch_only(monkeypatch: pytest.Monke
         (EVENTS_TOPIC, {"type": "agent_start"}),
         (EVENTS_TOPIC, {"type": "agent_start"}),
     ]
+
+
+async def test_a_call_whose_run_has_ended_stops_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model call aborted just before its run continued as new streamed on
+    into the next run (found by a stream audit). Its batches go to its own
+    run, which refuses them once ended (NOT_FOUND): the publisher stops."""
+
+    class EndedRun(FakeStreamClient):
+        async def flush(self) -> None:
+            self.flushes += 1
+            raise RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
+
+    fake = EndedRun()
+    monkeypatch.setattr(events_module, "run_stream_client", lambda: fake)
+    async with ActivityEventPublisher(batch_ms=20) as events:
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.15)
+        assert fake.flushes == 1
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.15)
+    assert fake.flushes == 1 and len(fake.sent) == 1  # nothing more was sent
+
+
+async def test_activities_publish_to_the_run_that_scheduled_them(stack: Stack) -> None:
+    """Pinned by run id: a signal to a run that continued as new is refused
+    by the server instead of landing in the next run."""
+    seen: list[tuple[str, str | None]] = []
+
+    async def probe() -> None:
+        handle = events_module.run_stream_client()._handle
+        seen.append((handle.id, handle.run_id))
+
+    env = ActivityEnvironment(client=stack.client)
+    await env.run(probe)
+    assert seen == [(env.info.workflow_id, env.info.workflow_run_id)]
+    assert env.info.workflow_run_id
