@@ -208,6 +208,24 @@ class Conversation:
             raise
         return True
 
+    async def _update(self, name: str, *args: Any, result_type: Any = None) -> Any:
+        """An update, made again (with the same update id: the server
+        applies it once) when the server aborted it because the workflow
+        task carrying it failed (``_TRANSIENT``): a signal that lands while
+        the conversation continues as new fails that task, and the workflow
+        goes on. After ``MAX_RETRIES`` such failures in a row (a task that
+        keeps failing) the error is the caller's."""
+        update_id = f"{name}-{uuid.uuid4()}"
+        failures = 0
+        while True:
+            try:
+                return await self.handle.execute_update(name, *args, id=update_id, result_type=result_type)
+            except RPCError as err:
+                if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
+                    raise
+                await asyncio.sleep(min(2.0, 0.1 * 2**failures))
+                failures += 1
+
     # --- runs ---------------------------------------------------------------------------
 
     async def prompt(self, message: Message | list[Message], *, wait: bool = True) -> list[AgentMessage]:
@@ -228,12 +246,12 @@ class Conversation:
         """Start a run and return once it is accepted: its number and the
         event offset its events start at (``run_events``)."""
         async with self._refusals():
-            return await self.handle.execute_update("prompt", _wire(message), result_type=PromptResult)
+            return await self._update("prompt", _wire(message), result_type=PromptResult)
 
     async def send_continue(self) -> PromptResult:
         """``continue_`` without waiting: the run's number and event offset."""
         async with self._refusals():
-            return await self.handle.execute_update("continue", result_type=PromptResult)
+            return await self._update("continue", result_type=PromptResult)
 
     async def run_events(self, started: PromptResult) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(offset, event)`` of the run ``started`` names, up to and
@@ -284,7 +302,7 @@ class Conversation:
         async with self._refusals():
             while True:
                 try:
-                    return await self.handle.execute_update("wait_for_idle", result_type=WaitForIdleResult)
+                    return await self._update("wait_for_idle", result_type=WaitForIdleResult)
                 except WorkflowUpdateFailedError as err:
                     if getattr(err.cause, "type", None) != "ContinuedAsNew":
                         raise
@@ -298,7 +316,7 @@ class Conversation:
             raise Refused(f"approved is True or False, not {approved!r} (a reason goes in reason=...).")
         request = ApprovalRequest(tool_call_id=tool_call_id, approved=approved, reason=reason)
         async with self._refusals():
-            await self.handle.execute_update("approve_tool", request.model_dump())
+            await self._update("approve_tool", request.model_dump())
 
     async def reject(self, tool_call_id: str, reason: str | None = None) -> None:
         """Refuse a tool call that waits for approval; the model sees ``reason``."""
@@ -313,20 +331,20 @@ class Conversation:
         call; returns the settings now in force."""
         patch = {_camel(k): v for k, v in settings.items()}
         async with self._refusals():
-            return await self.handle.execute_update("configure", patch, result_type=AgentSettings)
+            return await self._update("configure", patch, result_type=AgentSettings)
 
     async def clear_queues(self, which: QueueName = "all") -> list[AgentMessage]:
         """pi's ``clearSteeringQueue`` / ``clearFollowUpQueue`` / ``clearAllQueues``
         (``"steering"``, ``"followUp"``, ``"all"``); returns the removed
         messages, oldest first, to hand back to an editor."""
         async with self._refusals():
-            return await self.handle.execute_update("clear_queues", which, result_type=list[AgentMessage])
+            return await self._update("clear_queues", which, result_type=list[AgentMessage])
 
     async def reset(self) -> SessionState:
         """pi's ``reset()``: transcript, queues, usage, error and counters
         cleared; refused while a run is active."""
         async with self._refusals():
-            return await self.handle.execute_update("reset", result_type=SessionState)
+            return await self._update("reset", result_type=SessionState)
 
     async def state(self) -> SessionState:
         """Status, settings in force, queues, pending approvals, counters, usage."""

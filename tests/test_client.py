@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from client import Conversation, ConversationNotFound, Refused
 from tests.support.stack import EventLog, Stack
@@ -424,3 +425,51 @@ async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
         ConversationNotFound, match=rf"^Conversation {terminated.id} was terminated: start a new"
     ):
         await terminated.prompt("hello?")
+
+
+async def test_an_update_aborted_by_a_failed_workflow_task_is_made_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal landing while the conversation continues as new fails that
+    workflow task, and the server aborts the updates it carried: `prompt`
+    and `wait_for_idle` raised the server's RPCError (found by two audits).
+    The client makes them again, with the same update id (applied once)."""
+    stack.script({"text": "once"})
+    conversation = await stack.conversation()
+    real = type(conversation.handle).execute_update
+    sent: list[tuple[str, str | None]] = []
+
+    async def flaky(self: Any, update: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append((update, kwargs.get("id")))
+        if sum(name == update for name, _ in sent) == 1:
+            raise RPCError(
+                "Unable to perform workflow execution update due to unexpected workflow task failure.",
+                RPCStatusCode.FAILED_PRECONDITION,
+                b"",
+            )
+        return await real(self, update, *args, **kwargs)
+
+    monkeypatch.setattr(type(conversation.handle), "execute_update", flaky)
+    messages = await conversation.prompt("hi")
+    await conversation.wait_for_idle()
+    assert texts(messages) == ["user: hi", "assistant: once"]
+    assert [name for name, _ in sent] == ["prompt", "prompt", "wait_for_idle", "wait_for_idle"]
+    assert sent[0][1] == sent[1][1] and sent[2][1] == sent[3][1] and sent[0][1] != sent[2][1]
+    assert len(stack.requests()) == 1  # one run
+
+
+async def test_an_update_refused_for_good_is_not_made_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conversation = await stack.conversation()
+    calls = 0
+
+    async def denied(self: Any, update: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        raise RPCError("Request unauthorized.", RPCStatusCode.PERMISSION_DENIED, b"")
+
+    monkeypatch.setattr(type(conversation.handle), "execute_update", denied)
+    with pytest.raises(RPCError, match="unauthorized"):
+        await conversation.wait_for_idle()
+    assert calls == 1
