@@ -158,6 +158,15 @@ def build_worker(
     )
 
 
+def what_must_match(settings: Settings) -> str:
+    """What every worker on the task queue must have alike (README
+    "Running it in production"), for the log: tools, payload store and the
+    ids (never the keys) of the encryption keys."""
+    store = f"{settings.storage_dir}" if settings.storage == "file" else settings.storage
+    keys = ", ".join(key_id for key_id, _ in settings.encryption_keys) or "none"
+    return f"Tools: {', '.join(sorted(registered_tools()))}; payload store: {store}; encryption keys: {keys}"
+
+
 async def missing_search_attributes(client: Client, namespace: str) -> list[str]:
     """The agent's search attributes the server does not have (all of them
     when it cannot tell)."""
@@ -200,6 +209,7 @@ async def run_worker(settings: Settings) -> None:
     async with worker:
         logging.info("Worker polling task queue %r on %s", settings.task_queue, settings.address)
         print(f"worker ready: task queue {settings.task_queue!r} on {settings.address}", flush=True)
+        logging.info("%s", what_must_match(settings))
         if runtime is not None:
             print(f"metrics: http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
         await stop.wait()

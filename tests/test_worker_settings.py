@@ -120,3 +120,19 @@ async def test_tls_to_a_server_without_it_says_which_setting_turned_it_on(dev_se
     with pytest.raises(ServerUnreachable) as refused:
         await connect(Settings.from_env({}, address=dev_server.address, temporal_api_key="key"))
     assert "answers in plain TCP, not TLS, and TLS is on because TEMPORAL_API_KEY" in str(refused.value)
+
+
+def test_a_worker_logs_what_every_worker_on_its_queue_must_share() -> None:
+    """A worker with another key, store or tool set fails conversations
+    that start on it (a deploy audit): its log says what it has, key ids
+    only."""
+    from worker import what_must_match
+
+    key = "a2V5LWJ5dGVzLWtleS1ieXRlcy1rZXktYnl0ZXMtISE="
+    settings = Settings.from_env(
+        {"AGENT_ENCRYPTION_KEYS": f"k2:{key},k1:{key}", "AGENT_STORAGE_DIR": "/srv/agent/payloads"}
+    )
+    line = what_must_match(settings)
+    assert "calculator" in line.split("; ")[0]
+    assert line.endswith("; payload store: /srv/agent/payloads; encryption keys: k2, k1")
+    assert key not in line
