@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch = commands.add_parser("watch", help="print a conversation's events as they happen")
     watch.add_argument("id")
     watch.add_argument("--json", action="store_true", help="one JSON event per line, with its offset")
-    watch.add_argument("--from", dest="from_offset", type=int, default=0, metavar="OFFSET")
+    watch.add_argument("--from", dest="from_offset", type=_offset, default=0, metavar="OFFSET")
     start = commands.add_parser("start", help="start a conversation and print its id")
     start.add_argument("--prompt")
     start_settings(start)
@@ -432,6 +432,17 @@ def _in_payload_store(err: OSError, settings: Settings) -> bool:
         or settings.storage_dir in where.parents
         or where in settings.storage_dir.parents
     )
+
+
+def _offset(text: str) -> int:
+    """An event offset: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an offset is a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is 0 or more, not {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.text import Text
 
@@ -14,7 +16,16 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
     Ctrl-C): rendered, or as one JSON object per line with its ``offset``."""
     console = Console()
     renderer = EventRenderer(console)
+    first = True
     async for offset, event in conversation.events(from_offset):
+        if first and offset > from_offset:
+            # A long conversation keeps only its latest events across continue-as-new.
+            print(
+                f"note: events before offset {offset} are no longer kept; reading from {offset}.",
+                file=sys.stderr,
+                flush=True,
+            )
+        first = False
         if as_json:
             print(json_line({"offset": offset, **event}), flush=True)
         else:

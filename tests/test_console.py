@@ -947,3 +947,34 @@ async def test_starter_settings_errors_are_one_line_and_it_runs_from_any_directo
         werr.decode().startswith("error: The payload store")
         and "inside the tools' workspace" in werr.decode()
     )
+
+
+async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    """A long conversation keeps only its latest events across
+    continue-as-new: `watch --from 10` began at offset 686 without a word
+    (a stream audit), mid-run. It says so on stderr; stdout stays events."""
+    from console.watch import watch
+
+    class Kept:
+        id = "long"
+
+        async def events(self, from_offset: int) -> Any:
+            for offset in (686, 687):
+                yield offset, {"type": "turn_end"}
+
+    await watch(Kept(), as_json=True, from_offset=10)  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["offset"] for line in out.splitlines()] == [686, 687]
+    assert err == "note: events before offset 686 are no longer kept; reading from 686.\n"
+    await watch(Kept(), as_json=True, from_offset=686)  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""
+
+
+def test_watch_refuses_a_negative_offset(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--from -5` read from 0 as if nothing was wrong."""
+    import starter
+
+    with pytest.raises(SystemExit) as raised:
+        starter.build_parser().parse_args(["watch", "x", "--from", "-5"])
+    assert raised.value.code == 2
+    assert "an offset is 0 or more, not -5" in capsys.readouterr().err
