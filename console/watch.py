@@ -6,6 +6,8 @@ import sys
 
 from rich.console import Console
 from rich.text import Text
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from client import Conversation
 from console.render import EventRenderer, json_line
@@ -34,7 +36,29 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
                 console.print(approval_hint(conversation.id, event.get("toolCallId", "")))
     if not as_json:
         renderer.end_line()
-        console.print("The conversation has ended.", style="dim")
+        console.print(await how_it_ended(conversation), style="dim")
+
+
+_ENDINGS = {
+    WorkflowExecutionStatus.FAILED: "The conversation failed (its start input was refused, or a worker "
+    "could not read it: see the workflow in the Temporal UI).",
+    WorkflowExecutionStatus.TERMINATED: "The conversation was terminated.",
+    WorkflowExecutionStatus.TIMED_OUT: "The conversation timed out.",
+    WorkflowExecutionStatus.CANCELED: "The conversation was cancelled.",
+}
+
+
+async def how_it_ended(conversation: Conversation) -> str:
+    """One line on how the conversation ended (closed, failed, terminated)."""
+    try:
+        status = (await conversation.handle.describe()).status
+    except RPCError:
+        status = None
+    return (
+        _ENDINGS.get(status, "The conversation has ended.")
+        if status is not None
+        else "The conversation has ended."
+    )
 
 
 def approval_hint(conversation_id: str, call_id: str) -> Text:

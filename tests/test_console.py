@@ -978,3 +978,17 @@ def test_watch_refuses_a_negative_offset(capsys: pytest.CaptureFixture[str]) -> 
         starter.build_parser().parse_args(["watch", "x", "--from", "-5"])
     assert raised.value.code == 2
     assert "an offset is 0 or more, not -5" in capsys.readouterr().err
+
+
+async def test_watch_says_how_the_conversation_ended(stack: Stack) -> None:
+    """A terminated or failed conversation printed "The conversation has
+    ended." like a closed one (a stream audit)."""
+    stack.script({"text": "before the end"})
+    handle = await stack.start(prompt="hi")
+    await stack.events(handle.id)
+    await handle.terminate("by the operator")
+
+    code, stdout = await starter(stack.dev_server, "watch", handle.id)
+
+    assert code == 0
+    assert "before the end" in stdout and "The conversation was terminated." in stdout
