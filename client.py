@@ -209,19 +209,23 @@ class Conversation:
         return True
 
     async def _update(self, name: str, *args: Any, result_type: Any = None) -> Any:
-        """An update, made again (with the same update id: the server
-        applies it once) when the server aborted it because the workflow
-        task carrying it failed (``_TRANSIENT``): a signal that lands while
-        the conversation continues as new fails that task, and the workflow
-        goes on. After ``MAX_RETRIES`` such failures in a row (a task that
-        keeps failing) the error is the caller's."""
+        """An update, made again when the server aborted it because the
+        workflow task carrying it failed (nothing of it was applied): a
+        signal that lands while the conversation continues as new fails that
+        task, and the workflow goes on. Any other refusal (the server's
+        update limit, an unreachable server after the SDK's own retries) is
+        the caller's at once, as is a task that keeps failing after
+        ``MAX_RETRIES`` tries."""
         update_id = f"{name}-{uuid.uuid4()}"
         failures = 0
         while True:
             try:
                 return await self.handle.execute_update(name, *args, id=update_id, result_type=result_type)
             except RPCError as err:
-                if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
+                aborted = (
+                    err.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task" in str(err).lower()
+                )
+                if not aborted or failures >= MAX_RETRIES:
                     raise
                 await asyncio.sleep(min(2.0, 0.1 * 2**failures))
                 failures += 1

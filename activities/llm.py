@@ -178,7 +178,7 @@ class LlmActivities:
         logger.warning(
             "The model server refuses stream_options for %s (%s): asking without it from now on",
             params["model"],
-            _error_detail(err),
+            _clip(scrub(_error_detail(err), self._secrets)),
         )
         self._no_stream_options.add(params["model"])
         del params["stream_options"]
@@ -293,14 +293,31 @@ async def _whole_answer(stream: openai.AsyncStream[Any]) -> AsyncIterator[dict[s
     stream) as the one chunk it amounts to; an ``error`` it holds raised
     as the stream's would be."""
     response = stream.response
-    body = json.loads(await response.aread())
+    raw = await response.aread()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        # An event stream labelled as JSON (some proxies and servers): read as one.
+        for line in raw.decode("utf-8", "replace").splitlines():
+            data = line[5:].strip() if line.startswith("data:") else ""
+            if data and not data.startswith("[DONE]"):
+                chunk = json.loads(data)
+                if isinstance(chunk, dict) and chunk.get("error"):
+                    raise _error_event(chunk["error"], response) from None
+                yield chunk
+        return
     if isinstance(body, dict) and body.get("error"):
-        error = body["error"]
-        message = error.get("message") if isinstance(error, dict) else error
-        raise openai.APIError(str(message), response.request, body=error)
+        raise _error_event(body["error"], response)
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
-        raise ValueError(f"the server answered JSON that is no chat completion: {_one_line(str(body))[:200]}")
+        keys = ", ".join(map(str, body)) if isinstance(body, dict) else type(body).__name__
+        raise ValueError(f"the server answered JSON that is no chat completion ({keys[:200]})")
     yield completion_as_chunk(body)
+
+
+def _error_event(error: Any, response: Any) -> openai.APIError:
+    """The error an answer's body holds, as the stream would raise it."""
+    message = error.get("message") if isinstance(error, dict) else error
+    return openai.APIError(str(message), response.request, body=error)
 
 
 class _ModelMetrics:
@@ -339,7 +356,7 @@ def _classify(
         return err
     if isinstance(err, openai.APIStatusError):
         status = err.status_code
-        text = scrub(f"The model server answered {status}: {_error_detail(err)}", secrets)
+        text = _clip(scrub(f"The model server answered {status}: {_error_detail(err)}", secrets))
         if status in RETRYABLE_STATUS or status >= 500:
             return ApplicationError(
                 text,
@@ -386,7 +403,8 @@ def _error_detail(err: openai.APIStatusError) -> str:
 
 
 def _said(body: object) -> str:
-    """The text an error body holds, on one line, at most 300 characters."""
+    """The text an error body holds, on one line (whole: it is scrubbed of
+    secrets before it is cut to length, ``_clip``)."""
     if isinstance(body, dict):
         said = next(
             (body[key] for key in ("message", "error", "detail", "msg") if body.get(key)),
@@ -403,8 +421,13 @@ def _said(body: object) -> str:
 
 
 def _one_line(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= 300 else text[:299] + "\u2026"
+    return " ".join(text.split())
+
+
+def _clip(text: str, limit: int = 400) -> str:
+    """``text`` cut to ``limit`` characters (after scrubbing: a secret cut
+    in two would no longer be recognised)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _stream_error(err: openai.APIError, secrets: Sequence[str | None]) -> ApplicationError:
@@ -421,7 +444,7 @@ def _stream_error(err: openai.APIError, secrets: Sequence[str | None]) -> Applic
         words in lowered for words in _PERMANENT_WORDS
     )
     return ApplicationError(
-        scrub(f"The model server sent an error mid-answer: {said}", secrets),
+        _clip(scrub(f"The model server sent an error mid-answer: {said}", secrets)),
         type="ModelStreamError",
         non_retryable=permanent,
     )

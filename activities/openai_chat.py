@@ -300,7 +300,7 @@ class StreamAssembler:
         self._raw_args: dict[int, str] = {}  # block index -> streamed JSON
         self._tool_blocks: dict[Any, int] = {}  # OpenAI tool index -> block index
         self._sent_ids: dict[int, str] = {}  # tool block -> the id the server gave it
-        self._sent_id_blocks: dict[str, int] = {}  # and back (its first block)
+        self._sent_id_blocks: dict[str, int] = {}  # and back (the latest block with it)
         self._call_ids: set[str] = set()
         self._open: int | None = None  # open text/thinking block
         self._open_tool: int | None = None  # tool call receiving deltas
@@ -411,7 +411,7 @@ class StreamAssembler:
             events += self._close_tool()  # an interleaved delta: that call is open again
         if sent_id and block_index not in self._sent_ids:
             self._sent_ids[block_index] = sent_id  # its id, sent now or on a later delta
-            self._sent_id_blocks.setdefault(sent_id, block_index)
+            self._sent_id_blocks[sent_id] = block_index  # its latest call
         self._open_tool = block_index
         arguments = function.get("arguments")
         pieces = (
@@ -433,7 +433,10 @@ class StreamAssembler:
         neither id nor name (a piece of arguments), the last call."""
         if index is None:
             if sent_id:
-                return self._sent_id_blocks.get(sent_id)
+                known = self._sent_id_blocks.get(sent_id)
+                if known is not None and self._names_another_function(known, name):
+                    return None  # a server that gives every call one id
+                return known
             if name or not self._raw_args:
                 return None
             return self._open_tool if self._open_tool is not None else max(self._raw_args)
@@ -443,10 +446,13 @@ class StreamAssembler:
         known_id = self._sent_ids.get(block_index)
         if sent_id and known_id is not None and sent_id != known_id:
             return None
-        block = self._blocks[block_index]
-        if not sent_id and name and isinstance(block, ToolCall) and block.name and name != block.name:
+        if not sent_id and self._names_another_function(block_index, name):
             return None
         return block_index
+
+    def _names_another_function(self, block_index: int, name: str) -> bool:
+        block = self._blocks[block_index]
+        return bool(name) and isinstance(block, ToolCall) and bool(block.name) and name != block.name
 
     def _unique_id(self, call_id: str) -> str:
         """``call_id``, or, when a call of this answer has it already, the

@@ -473,3 +473,25 @@ async def test_an_update_refused_for_good_is_not_made_again(
     with pytest.raises(RPCError, match="unauthorized"):
         await conversation.wait_for_idle()
     assert calls == 1
+
+
+async def test_the_servers_update_limit_is_not_waited_out(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAILED_PRECONDITION is also the server's limit on a run's updates,
+    which waiting does not lift: only an update aborted with its workflow
+    task is made again (found by review)."""
+    conversation = await stack.conversation()
+    calls = 0
+
+    async def limited(self: Any, update: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        raise RPCError(
+            "limit on number of total updates has been reached (2000)", RPCStatusCode.FAILED_PRECONDITION, b""
+        )
+
+    monkeypatch.setattr(type(conversation.handle), "execute_update", limited)
+    with pytest.raises(RPCError, match="limit on number"):
+        await conversation.wait_for_idle()
+    assert calls == 1

@@ -557,3 +557,19 @@ def test_another_function_at_an_index_in_use_without_ids_is_another_call() -> No
         ("list_files", {}),
     ]
     assert errors == {}
+
+
+def test_calls_without_index_sharing_one_id_stay_apart() -> None:
+    """A server that gives every call of an answer one id and no index:
+    the second call's arguments were appended to the first's (found by review)."""
+    assembler = StreamAssembler("m")
+    for name, args in (("f", '{"a": 1}'), ("g", '{"b": 2}')):
+        call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": args}}
+        assembler.feed(_chunk({"tool_calls": [call]}))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == [
+        ("call_0", "f", {"a": 1}),
+        ("call_0_2", "g", {"b": 2}),
+    ]
+    assert errors == {}

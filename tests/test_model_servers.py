@@ -139,3 +139,30 @@ async def test_a_server_that_refuses_stream_options_is_asked_without_them(stack:
     messages = await conversation.messages()
     assert [m.text for m in messages if m.role == "assistant"] == ["without usage", "and again"]
     assert ["stream_options" in r for r in stack.requests()] == [True, False, False]
+
+
+async def test_an_event_stream_labelled_json_is_read_as_a_stream(stack: Stack) -> None:
+    """Some proxies label an event stream `application/json`: the first
+    version of the whole-answer path read it as one JSON body (found by review)."""
+    stack.script({"text": "labelled json", "content_type": "application/json"})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert (last.text, last.stop_reason) == ("labelled json", "stop")
+    assert len(stack.requests()) == 1
+
+
+async def test_an_error_page_echoing_the_key_is_scrubbed_before_it_is_cut(stack: Stack) -> None:
+    """The page's text was cut to length before the key was scrubbed: a key
+    cut in two was no longer recognised, and its first half was kept."""
+    page = (
+        "<html><body><p>"
+        + "Access denied. " * 18
+        + "Rejected credential test-key-never-in-history</p></body></html>"
+    )
+    stack.script({"fault": {"kind": "status", "status": 401, "body": page}})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.error_message is not None and last.error_message.startswith(
+        "The model server answered 401: Access"
+    )
+    assert "test-key" not in last.error_message

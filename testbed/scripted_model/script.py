@@ -131,6 +131,9 @@ class ScriptStep(_Strict):
     whole: bool = False
     """Answer with the whole completion as JSON even when asked to stream
     (servers that do not stream)."""
+    content_type: str = "text/event-stream"
+    """The stream's Content-Type (some servers and proxies label an event
+    stream `application/json`)."""
 
     def resolved_finish_reason(self) -> str:
         """The scripted finish reason, else `tool_calls` or `stop` depending on content."""

@@ -323,7 +323,7 @@ async def _stream(
     request: web.Request, step: ScriptStep, completion: _Completion, body: JSON
 ) -> web.StreamResponse:
     """Serve `step` as an SSE stream, applying a stall/drop/malformed fault at its chunk."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(headers={"Content-Type": step.content_type, "Cache-Control": "no-cache"})
     await response.prepare(request)
     timed = _timed_chunks(step, completion, body)
     fault = step.fault
