@@ -227,7 +227,7 @@ class Conversation:
                 )
                 if not aborted or failures >= MAX_RETRIES:
                     raise
-                await asyncio.sleep(min(2.0, 0.1 * 2**failures))
+                await asyncio.sleep(_backoff(failures))
                 failures += 1
 
     # --- runs ---------------------------------------------------------------------------
@@ -582,6 +582,13 @@ _TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
 # Retries in a row without a new event before the error is the caller's:
 # 0.1 s doubling to 2 s, about 25 s in all.
 MAX_RETRIES = 15
+
+
+def _backoff(failures: int) -> float:
+    """Seconds before the next try after ``failures`` in a row: 0.1 doubling to 2."""
+    return min(2.0, 0.1 * 2**failures)
+
+
 # A query answers from the worker's cache at once; one that takes longer
 # (no worker, a replay elsewhere) gives way to the long poll, which waits.
 _QUERY_TIMEOUT = timedelta(seconds=5)
@@ -681,7 +688,7 @@ async def follow(
         except RPCError as err:
             if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
                 raise
-            await asyncio.sleep(min(2.0, 0.1 * 2**failures))
+            await asyncio.sleep(_backoff(failures))
             failures += 1
 
 

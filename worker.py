@@ -162,7 +162,7 @@ def what_must_match(settings: Settings) -> str:
     """What every worker on the task queue must have alike (README
     "Running it in production"), for the log: tools, payload store and the
     ids (never the keys) of the encryption keys."""
-    store = f"{settings.storage_dir}" if settings.storage == "file" else settings.storage
+    store = str(settings.storage_dir) if settings.storage == "file" else settings.storage
     keys = ", ".join(key_id for key_id, _ in settings.encryption_keys) or "none"
     return f"Tools: {', '.join(sorted(registered_tools()))}; payload store: {store}; encryption keys: {keys}"
 

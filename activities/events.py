@@ -136,6 +136,8 @@ class ActivityEventPublisher:
             if self._budget is not None and self.batches >= self._budget:
                 return  # out of budget: the rest goes with the result
             await self._send()
+            if self._run_ended:
+                return  # nobody reads on: the rest goes nowhere
             self._pace()
 
     def _pace(self) -> None:

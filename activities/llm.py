@@ -414,9 +414,10 @@ def _said(body: object) -> str:
             return _said(said)
         return _one_line(said if isinstance(said, str) else json.dumps(said)) if said else ""
     if isinstance(body, str):
+        if "</" not in body:
+            return _one_line(body)
         title = re.search(r"<title[^>]*>(.*?)</title>", body, re.IGNORECASE | re.DOTALL)
-        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", body) if "</" in body else body
-        return _one_line(html.unescape(text) if "</" in body else text)
+        return _one_line(html.unescape(title.group(1) if title else re.sub(r"<[^>]+>", " ", body)))
     return ""
 
 

@@ -39,7 +39,7 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
         console.print(await how_it_ended(conversation), style="dim")
 
 
-_ENDINGS = {
+_ENDINGS: dict[WorkflowExecutionStatus | None, str] = {
     WorkflowExecutionStatus.FAILED: "The conversation failed (its start input was refused, or a worker "
     "could not read it: see the workflow in the Temporal UI).",
     WorkflowExecutionStatus.TERMINATED: "The conversation was terminated.",
@@ -54,11 +54,7 @@ async def how_it_ended(conversation: Conversation) -> str:
         status = (await conversation.handle.describe()).status
     except RPCError:
         status = None
-    return (
-        _ENDINGS.get(status, "The conversation has ended.")
-        if status is not None
-        else "The conversation has ended."
-    )
+    return _ENDINGS.get(status, "The conversation has ended.")
 
 
 def approval_hint(conversation_id: str, call_id: str) -> Text:
