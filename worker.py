@@ -32,6 +32,7 @@ from activities.llm import ContextTransform, LlmActivities, LlmConverter
 from activities.session import SessionActivities
 from activities.tool_runner import ToolActivities
 from activities.tools import ToolSpec, declarations, registered_tools
+from runtime import payload_walk
 from runtime.connect import ServerUnreachable, connect
 from runtime.payloads import blob_store
 from runtime.sandbox import workflow_runner
@@ -131,8 +132,13 @@ def build_worker(
             secrets=settings.known_secrets(),
         )
     llm.warm_up()
+    # Process-wide: every worker in this process walks alike.
+    payload_walk.install(settings.payload_walk and not settings.sdk_fallbacks)
     if settings.sdk_fallbacks:
-        logging.info("SDK fallbacks forced on: stock workflow sandbox, stream without subscriber tracking")
+        logging.info(
+            "SDK fallbacks forced on: stock workflow sandbox and payload passes, stream without "
+            "subscriber tracking"
+        )
     builtin_tools.set_workspace(settings.workspace)
     tool_activities = ToolActivities(
         tools,

@@ -12,7 +12,9 @@ setting, so the row shows what that change is worth:
   transcript every turn (no content-addressed context);
 - ``no compression``: ``AGENT_COMPRESS_THRESHOLD_BYTES=off``;
 - ``stock sandbox``: ``AGENT_SANDBOX_PRECOMPILE=off`` (glue compiled per call,
-  payload contexts looked up per payload, workflow module compiled per instance).
+  payload contexts looked up per payload, workflow module compiled per instance);
+- ``stock payload passes``: ``AGENT_PAYLOAD_WALK=off`` (each workflow task's
+  payloads walked in the SDK's three passes per direction).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "context inline": {"AGENT_STORAGE": "off"},
     "no compression": {"AGENT_COMPRESS_THRESHOLD_BYTES": "off"},
     "stock sandbox": {"AGENT_SANDBOX_PRECOMPILE": "off"},
+    "stock payload passes": {"AGENT_PAYLOAD_WALK": "off"},
 }
 ROUNDS = (5, 20)
 

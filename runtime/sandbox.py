@@ -20,7 +20,8 @@ Every restriction of the sandbox holds (tests/test_sandbox.py). The
 overrides touch private parts of the SDK, so they apply only to the
 temporalio version they were read against; any other version (or private
 names gone) gets the stock runner (correct, just slower) and a warning.
-This module is the project's only use of private SDK names.
+This module and `runtime/payload_walk.py` are the project's only uses of
+private SDK names.
 AGENT_SANDBOX_PRECOMPILE=off (or AGENT_SDK_FALLBACKS=on, which CI runs)
 turns them all off by hand.
 """
