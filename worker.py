@@ -34,7 +34,7 @@ from activities.tool_runner import ToolActivities
 from activities.tools import ToolSpec, declarations, registered_tools
 from runtime import payload_walk
 from runtime.connect import ServerUnreachable, connect
-from runtime.payloads import blob_store
+from runtime.payloads import blob_store, probe_s3_storage
 from runtime.sandbox import workflow_runner
 from runtime.settings import Settings, SettingsError
 from runtime.telemetry import metrics_runtime, tracing_interceptors
@@ -194,6 +194,7 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
 async def run_worker(settings: Settings) -> None:
     settings.check_workspace()  # before connecting: one line, at once
     settings.check_writable()
+    await probe_s3_storage(settings)
     load_tool_modules(settings.tool_modules)
     runtime = metrics_runtime(settings)
     client = await connect(settings, runtime=runtime, interceptors=tracing_interceptors(settings))
@@ -247,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
             metrics_port=settings.metrics_port if args.metrics_port is None else args.metrics_port,
         )
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+        if settings.log_level != "DEBUG":  # "Found credentials in environment variables." at each start
+            for name in ("botocore.credentials", "aiobotocore.credentials"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         asyncio.run(run_worker(settings))
     except (ServerUnreachable, ToolModuleError, SettingsError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -40,9 +40,10 @@ from temporalio.converter import (
 )
 
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
+from activities.redact import scrub
 from runtime.converter import UNCOMPRESSED, UNCOMPRESSED_KEY, AgentPayloadConverter, refused_payload
 from runtime.encryption import CodecChain, EncryptionCodec, keyring
-from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
+from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings, SettingsError
 
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
 DEFAULT_COMPRESS_BYTES = 2048
@@ -272,6 +273,40 @@ def external_storage(settings: Settings) -> ExternalStorage | None:
     else:
         driver = FileSystemStorageDriver(settings.storage_dir)
     return ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage_threshold)
+
+
+S3_PROBE = b"durable agent worker: S3 storage probe\n"
+S3_PROBE_TIMEOUT_S = 30.0
+
+
+async def probe_s3_storage(settings: Settings, timeout: float = S3_PROBE_TIMEOUT_S) -> None:
+    """For the worker, before it takes work: with ``AGENT_STORAGE=s3://...``,
+    write a small blob to the bucket and read it back (through the keys, when
+    set), so wrong AWS settings are one line at start (``SettingsError``),
+    not every model call failing later (each one writes its context there).
+    The blob is content-addressed: every start writes the same object."""
+    if not settings.storage.startswith("s3://"):
+        return
+    store = blob_store(settings)
+    assert store is not None
+    digest = digest_of(S3_PROBE)
+    try:
+        await asyncio.wait_for(store.put_many({digest: S3_PROBE}), timeout)
+        await asyncio.wait_for(store.get(digest), timeout)
+    except TimeoutError:
+        problem = f"the store did not answer within {timeout:g} s"
+    except BlobMissing as err:
+        problem = f"a blob written there could not be read back ({err})"
+    except Exception as err:  # botocore's, or the SDK adapter's wrapping of them
+        cause = err.__cause__ or err
+        problem = f"a blob could not be written: {type(cause).__name__}: {cause}"
+    else:
+        return
+    problem = scrub(problem.rstrip("."), settings.known_secrets())
+    raise SettingsError(
+        f"AGENT_STORAGE={settings.storage} cannot be used: {problem}. Check the bucket, "
+        "AWS_ENDPOINT_URL, AWS_REGION and the AWS credentials this worker runs with."
+    )
 
 
 def blob_store(settings: Settings) -> BlobStore | None:

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import socket
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -43,9 +44,10 @@ from runtime.payloads import (
     data_converter,
     data_converter_from_env,
     external_storage,
+    probe_s3_storage,
 )
-from runtime.settings import Settings
-from tests.support.s3 import use_fake_s3
+from runtime.settings import Settings, SettingsError
+from tests.support.s3 import denying_s3, use_fake_s3
 
 if TYPE_CHECKING:  # local_stack resolves paths at import, which the workflow sandbox refuses
     from testbed.local_stack import DevServer
@@ -215,6 +217,39 @@ async def test_s3_storage_keeps_payloads_under_the_prefix(
     assert key.startswith("/bucket/some/prefix/v0/d/sha256/")
     assert encoded.ByteSize() < 400
     assert await converter.decode([encoded], [str]) == [BIG]
+
+
+@needs_s3_extra
+async def test_the_worker_probes_s3_storage_before_it_takes_work(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    """Every model call writes its context to the store: wrong AWS settings
+    used to show only then, as failing model calls. A working bucket gets
+    one small object, the same at every start."""
+    url, objects = fake_s3
+    use_fake_s3(monkeypatch, url)
+    settings = Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket/pre"})
+    await probe_s3_storage(settings)
+    await probe_s3_storage(settings)
+    [key] = objects
+    assert key.startswith("/bucket/pre/context/")
+
+    async with denying_s3() as denied:
+        use_fake_s3(monkeypatch, denied)
+        with pytest.raises(SettingsError) as refused:
+            await probe_s3_storage(Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket/pre"}))
+    assert str(refused.value).startswith(
+        "AGENT_STORAGE=s3://bucket/pre cannot be used: a blob could not be written: "
+    )
+    assert "AccessDenied" in str(refused.value)
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    use_fake_s3(monkeypatch, f"http://127.0.0.1:{port}")
+    with pytest.raises(SettingsError, match="AGENT_STORAGE=s3://bucket cannot be used: "):
+        await probe_s3_storage(Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket"}), timeout=20)
 
 
 @needs_s3_extra

@@ -16,6 +16,7 @@ import pytest
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
 from testbed.local_stack import ROOT, DevServer
+from tests.support.s3 import denying_s3
 
 
 @pytest.mark.parametrize(
@@ -100,6 +101,27 @@ async def test_the_worker_refuses_a_store_it_cannot_write_and_a_missing_workspac
     assert err.startswith("error: AGENT_STORAGE_DIR=/proc/no-store cannot be written: ")
     err = await worker_refusal({**base, "AGENT_WORKSPACE": str(tmp_path / "gone")}, tmp_path)
     assert err.startswith(f"error: AGENT_WORKSPACE={tmp_path / 'gone'} is not a directory")
+
+
+async def test_the_worker_refuses_s3_storage_it_cannot_write(tmp_path: Path, workspace: Path) -> None:
+    """Before connecting to Temporal: wrong AWS credentials used to start a
+    worker that failed every model call (each writes its context there)."""
+    async with denying_s3() as url:
+        env = {
+            "TEMPORAL_ADDRESS": "127.0.0.1:1",  # never reached: the store is checked first
+            "AGENT_WORKSPACE": str(workspace),
+            "AGENT_STORAGE": "s3://agent-payloads/prod",
+            "AWS_ENDPOINT_URL": url,
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        }
+        err = await worker_refusal(env, tmp_path)
+    assert err.startswith(
+        "error: AGENT_STORAGE=s3://agent-payloads/prod cannot be used: a blob could not be written:"
+    )
+    assert "(AccessDenied) when calling the PutObject operation" in err
+    assert "wJalrXUtnFEMI" not in err
 
 
 async def test_the_worker_names_the_metrics_settings_when_it_cannot_serve_them(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
+from aiohttp import web
 
 
 def use_fake_s3(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
@@ -13,3 +17,28 @@ def use_fake_s3(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
         "AWS_SECRET_ACCESS_KEY": "test",
     }.items():
         monkeypatch.setenv(name, value)
+
+
+@asynccontextmanager
+async def denying_s3() -> AsyncIterator[str]:
+    """A loopback server answering every S3 call as S3 answers a key without
+    rights (403 AccessDenied); yields its URL."""
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+            "<Message>Access Denied</Message></Error>"
+        )
+        return web.Response(status=403, body=body.encode(), content_type="application/xml")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
