@@ -168,11 +168,19 @@ class S3BlobStore:
 
     async def get(self, digest: str) -> bytes:
         key = self._prefix + checked_digest(digest)
+        where = self.url(digest)
         try:
             data: bytes = await self._client.get_object(bucket=self._bucket, key=key)
         except Exception as err:
-            raise BlobMissing(f"s3://{self._bucket}/{key} could not be read: {err}") from None
-        data = _opened(self._sealer, f"s3://{self._bucket}/{key}", data, digest)
+            raise BlobMissing(f"{where} could not be read: {err}") from None
+        data = _opened(self._sealer, where, data, digest)
         if digest_of(data) != digest:
-            raise BlobMissing(f"s3://{self._bucket}/{key} is corrupt (its sha256 does not match)")
+            raise BlobMissing(f"{where} is corrupt (its sha256 does not match)")
         return data
+
+    def url(self, digest: str) -> str:
+        """Where the blob is, as ``s3://bucket/key`` (the key under the
+        client's own prefix, when it keeps one)."""
+        key = self._prefix + checked_digest(digest)
+        key_of = getattr(self._client, "key_of", None)
+        return f"s3://{self._bucket}/{key_of(key) if key_of else key}"

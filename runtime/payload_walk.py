@@ -7,9 +7,9 @@ encode, external-storage store, reference encode). Each pass is a full
 recursive walk by the SDK's generated ``PayloadVisitor`` (an ``await`` per
 message and field), the storage pass makes an asyncio task per payload
 sequence, and every pass copies every sequence back into its message even
-when nothing changed: 11% of the worker's active CPU in the benchmark's
-profile (bench/README.md), for payloads that, in a plain tool round, none
-of the passes changes.
+when nothing changed: 94 of the 145 samples of the worker's workflow
+activation handling in the benchmark's profile (bench/README.md, sixteenth
+session), for payloads that, in a plain tool round, no pass changes.
 
 Here the tree is walked once, with the SDK's own visitor, to collect each
 payload and payload sequence in traversal order together with the command
@@ -18,9 +18,10 @@ it belongs to (the ``current_command_info`` that the SDK's
 serialization context). Then the SDK's three data-converter steps run over
 the collected targets in the SDK's order, each step over every target
 before the next step, under the same command; the storage step only for
-targets it can act on (a reference payload to retrieve, a payload at or
-past the storage threshold to store), with the same concurrency limit. A
-sequence is written back only when a step returned other payloads. A
+targets it can act on (a reference to retrieve, or to refuse when the
+worker has no storage; a payload at or past the storage threshold to
+store), with the same concurrency limit. A sequence is written back only
+when a step returned other payloads. A
 system Nexus envelope (whose nested payloads the SDK re-serializes during
 the walk) sends the whole task through the SDK's own passes.
 
@@ -197,11 +198,10 @@ async def decode_activation(
         await _each(data_converter._decode_reference_payload_sequence, targets)
     metrics = _SDK["extstore"].StorageOperationMetrics()
     with metrics.track():
-        if data_converter.external_storage:
-            stored = [t for t in targets if any(_SDK["is_reference"](p) for p in t.items())]
-            await _bounded(
-                data_converter._external_retrieve_payload_sequence, stored, storage_concurrency_limit
-            )
+        # Without storage the step still runs on a reference: it raises
+        # (TMPRL1105), failing the workflow task as the SDK's passes do.
+        stored = [t for t in targets if any(_SDK["is_reference"](p) for p in t.items())]
+        await _bounded(data_converter._external_retrieve_payload_sequence, stored, storage_concurrency_limit)
     if data_converter.payload_codec:
         await _each(data_converter._decode_payload_sequence, targets)
     return metrics

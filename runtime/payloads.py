@@ -288,24 +288,33 @@ async def probe_s3_storage(settings: Settings, timeout: float = S3_PROBE_TIMEOUT
     if not settings.storage.startswith("s3://"):
         return
     store = blob_store(settings)
-    assert store is not None
+    assert isinstance(store, S3BlobStore)
     digest = digest_of(S3_PROBE)
+    where = store.url(digest)
+    step = "written"
+
+    async def round_trip() -> None:
+        nonlocal step
+        await store.put_many({digest: S3_PROBE})
+        step = "read back"
+        await store.get(digest)
+
     try:
-        await asyncio.wait_for(store.put_many({digest: S3_PROBE}), timeout)
-        await asyncio.wait_for(store.get(digest), timeout)
+        await asyncio.wait_for(round_trip(), timeout)
     except TimeoutError:
-        problem = f"the store did not answer within {timeout:g} s"
-    except BlobMissing as err:
-        problem = f"a blob written there could not be read back ({err})"
+        problem = f"{where} was not {step} within {timeout:g} s"
+    except BlobMissing as err:  # its text names the object
+        problem = str(err)
     except Exception as err:  # botocore's, or the SDK adapter's wrapping of them
         cause = err.__cause__ or err
-        problem = f"a blob could not be written: {type(cause).__name__}: {cause}"
+        problem = f"{where} could not be {step}: {type(cause).__name__}: {cause}"
     else:
         return
-    problem = scrub(problem.rstrip("."), settings.known_secrets())
+    # The object's name has a long hex run, which the scrub would take for a key.
+    problem = scrub(problem.rstrip(".").replace(digest, "{probe}"), settings.known_secrets())
     raise SettingsError(
-        f"AGENT_STORAGE={settings.storage} cannot be used: {problem}. Check the bucket, "
-        "AWS_ENDPOINT_URL, AWS_REGION and the AWS credentials this worker runs with."
+        f"AGENT_STORAGE={settings.storage} cannot be used: {problem.replace('{probe}', digest)}. "
+        "Check the bucket, AWS_ENDPOINT_URL, AWS_REGION and the AWS credentials this worker runs with."
     )
 
 

@@ -20,8 +20,9 @@ Every restriction of the sandbox holds (tests/test_sandbox.py). The
 overrides touch private parts of the SDK, so they apply only to the
 temporalio version they were read against; any other version (or private
 names gone) gets the stock runner (correct, just slower) and a warning.
-This module and `runtime/payload_walk.py` are the project's only uses of
-private SDK names.
+With ``runtime/payload_walk.py`` these are the project's overrides of
+private SDK code (``DataConverter._with_store_context`` is also used, by
+``runtime/payloads.py`` and ``codec_server.py``).
 AGENT_SANDBOX_PRECOMPILE=off (or AGENT_SDK_FALLBACKS=on, which CI runs)
 turns them all off by hand.
 """

@@ -345,3 +345,22 @@ async def test_the_worker_walks_once_unless_told_not_to(client: Client, worker_e
             assert (bridge_worker.encode_completion is payload_walk.encode_completion) is walked, env
     finally:
         payload_walk.install(True)
+
+
+async def test_a_stored_payload_on_a_worker_without_storage_fails_the_task_as_the_stock_passes_do(
+    converter: DataConverter,
+) -> None:
+    """A worker with AGENT_STORAGE=off given a reference: the task fails
+    (and is retried until the setting is fixed) instead of the workflow
+    reading the reference itself as the value."""
+    a = WorkflowActivation(run_id="run")
+    signal = a.jobs.add().signal_workflow
+    signal.signal_name = "steer"
+    signal.input.extend(await converter._external_store_payload_sequence([LARGE]))
+    assert signal.input[0].metadata["encoding"] == b"json/protobuf"
+    without = data_converter(Settings.from_env({"AGENT_STORAGE": "off"}))
+    for run in (payload_walk.decode_activation, STOCK_DECODE):
+        copy = WorkflowActivation()
+        copy.CopyFrom(a)
+        with pytest.raises(RuntimeError, match="TMPRL1105"):
+            await run(copy, without, True, 4)

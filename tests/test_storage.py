@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import socket
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -234,14 +235,24 @@ async def test_the_worker_probes_s3_storage_before_it_takes_work(
     [key] = objects
     assert key.startswith("/bucket/pre/context/")
 
-    async with denying_s3() as denied:
-        use_fake_s3(monkeypatch, denied)
-        with pytest.raises(SettingsError) as refused:
-            await probe_s3_storage(Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket/pre"}))
-    assert str(refused.value).startswith(
-        "AGENT_STORAGE=s3://bucket/pre cannot be used: a blob could not be written: "
-    )
-    assert "AccessDenied" in str(refused.value)
+    probe = f"s3://bucket/pre{key.removeprefix('/bucket/pre')}"
+    for reads, written, said in (
+        ("denied", "could not be written: ClientError: An error occurred (AccessDenied)", "PutObject"),
+        ("only", "could not be read: ", "AccessDenied"),
+        ("hang", "was not read back within 1 s", "within 1 s"),
+    ):
+        async with denying_s3(reads) as denied:
+            use_fake_s3(monkeypatch, denied)
+            settings = Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket/pre"})
+            started = time.monotonic()
+            with pytest.raises(SettingsError) as refused:
+                await probe_s3_storage(settings, timeout=1)
+            elapsed = time.monotonic() - started
+        assert str(refused.value).startswith(
+            f"AGENT_STORAGE=s3://bucket/pre cannot be used: {probe} {written}"
+        )
+        assert said in str(refused.value)
+        assert elapsed < 3  # one timeout for the write and the read together
 
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))

@@ -118,7 +118,7 @@ async def test_the_worker_refuses_s3_storage_it_cannot_write(tmp_path: Path, wor
         }
         err = await worker_refusal(env, tmp_path)
     assert err.startswith(
-        "error: AGENT_STORAGE=s3://agent-payloads/prod cannot be used: a blob could not be written:"
+        "error: AGENT_STORAGE=s3://agent-payloads/prod cannot be used: s3://agent-payloads/prod/context/"
     )
     assert "(AccessDenied) when calling the PutObject operation" in err
     assert "wJalrXUtnFEMI" not in err

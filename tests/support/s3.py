@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,12 +21,18 @@ def use_fake_s3(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
 
 
 @asynccontextmanager
-async def denying_s3() -> AsyncIterator[str]:
-    """A loopback server answering every S3 call as S3 answers a key without
-    rights (403 AccessDenied); yields its URL."""
+async def denying_s3(reads: str = "denied") -> AsyncIterator[str]:
+    """A loopback server answering S3 calls as S3 answers a key without
+    rights (403 AccessDenied); yields its URL. ``reads="only"``: writes are
+    taken and reads denied; ``reads="hang"``: writes are taken and reads
+    never answered."""
 
     async def handle(request: web.Request) -> web.Response:
         await request.read()
+        if request.method == "PUT" and reads != "denied":
+            return web.Response()
+        if reads == "hang":
+            await asyncio.sleep(3600)
         body = (
             '<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
             "<Message>Access Denied</Message></Error>"
@@ -34,7 +41,7 @@ async def denying_s3() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)  # a hung read is not waited for
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
