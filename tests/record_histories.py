@@ -276,8 +276,10 @@ async def abort_before_switch(
     client: Client, server: ScriptedModelServer, model: str
 ) -> WorkflowHandle[Any, Any]:
     """A streamed answer aborted in a run that continues as new once idle:
-    the aborted call's late deltas reach the next run, which drops them
-    (drop-carried-publishers); then one more prompt."""
+    the run waits for the aborted call to end before it switches
+    (await-aborted-model-call; before, the call's late deltas reached the
+    next run, which dropped them: drop-carried-publishers); then one more
+    prompt."""
     server.script(
         model, [{"text": "old answer " * 60, "delay_ms": 40, "chunk_chars": 6}, {"text": "the new answer"}]
     )

@@ -37,7 +37,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # with the fifth, before an abort during a stopping turn's tools ended the
 # run with its aborted message (v8); with the sixth, before a long tool batch
 # was worked on in parts (v9); with the seventh, before the publishers of
-# aborted model calls were carried across continue-as-new (v10).
+# aborted model calls were carried across continue-as-new (v10); with the
+# eighth, before a run waited for its aborted model call to end before
+# continuing as new or completing (v11).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -46,6 +48,7 @@ V7 = sorted((ROOT / "v7").glob("*.json"))
 V8 = sorted((ROOT / "v8").glob("*.json"))
 V9 = sorted((ROOT / "v9").glob("*.json"))
 V10 = sorted((ROOT / "v10").glob("*.json"))
+V11 = sorted((ROOT / "v11").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -115,6 +118,9 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before drop-carried-publishers too (its old
     # path: the late deltas published in the next run).
     assert {_stem(p) for p in CURRENT} - {"abort_before_switch"} <= {_stem(p) for p in V10}
+    # Every scenario, recorded before await-aborted-model-call too (its old
+    # path: abort_before_switch continued as new before its call ended).
+    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V11}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -130,8 +136,8 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1],
+    CURRENT + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1],
 )
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
@@ -139,8 +145,8 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V10 + V9 + V8 + V7 + V6 + V5 + V4],
+    CURRENT + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a

@@ -17,7 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
@@ -511,6 +517,47 @@ async def test_abort_at_a_continue_as_new_boundary_is_honoured(stack: Stack) -> 
     assert events[-1]["messages"][-1]["stopReason"] == "aborted"
     await still_answers(stack, handle)
     await handle.signal("close")
+
+
+async def test_an_aborted_model_call_ends_before_its_run_continues_as_new(stack: Stack) -> None:
+    """The abort is answered at once, but the run switches only once the
+    cancelled call has ended: before, its last event batches could land
+    during the workflow task that continued as new, which the server failed
+    (UnhandledCommand) and the worker ran again (1 try in 4 or so)."""
+    stack.script({"text": "old answer " * 60, "delay_ms": 40, "chunk_chars": 6}, {"text": "new answer"})
+    handle = await stack.start(prompt="talk", continueAsNewAfterTurns=1)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 2)
+    await handle.signal("abort")
+    events = await log.wait_for_type("agent_end")
+    assert events[-1]["messages"][-1]["stopReason"] == "aborted"
+    first = stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+    for _ in range(100):
+        if (await first.describe()).status != WorkflowExecutionStatus.RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    events = list((await first.fetch_history()).events)
+    [cancelled] = [e for e in events if e.HasField("activity_task_cancel_requested_event_attributes")]
+    aborted_call = cancelled.activity_task_cancel_requested_event_attributes.scheduled_event_id
+    ended = [  # the aborted call's end: completed with what it had, cancelled, failed or timed out
+        e
+        for e in events
+        for attributes in (
+            e.activity_task_completed_event_attributes,
+            e.activity_task_canceled_event_attributes,
+            e.activity_task_failed_event_attributes,
+            e.activity_task_timed_out_event_attributes,
+        )
+        if attributes.scheduled_event_id == aborted_call
+    ]
+    [switched] = [e for e in events if e.HasField("workflow_execution_continued_as_new_event_attributes")]
+    assert len(ended) == 1 and cancelled.event_id < ended[0].event_id < switched.event_id
+    latest = stack.client.get_workflow_handle(handle.id)
+    await latest.execute_update("prompt", "again")
+    events = await log.wait_for_type("agent_end", count=2)
+    log.close()
+    assert events[-1]["messages"][-1]["content"][0]["text"] == "new answer"
+    await latest.signal("close")
 
 
 async def test_close_at_a_continue_as_new_boundary_is_honoured(stack: Stack) -> None:

@@ -326,6 +326,7 @@ class AgentWorkflow:
             else:
                 self._idle_switch_refused = True  # a conversation from before idle switches
         self._update_details()
+        await self._calls.aborted_calls_ended()
         # Release waiting stream subscribers (they drain the rest by query),
         # else their open polls would keep the conversation from completing.
         self._stream.detach_pollers()
@@ -532,7 +533,7 @@ class AgentWorkflow:
         if batch is None or self._calls.running_tools() or self._switching:
             return False
         message = session.messages[batch.message_index]
-        if self._versions.current:
+        if self._versions.marked(TOOL_BATCH_IN_PARTS_PATCH):  # runs started since, by their marker
             # Asked by every waiting call's condition, each time conditions
             # are checked: going through the calls made that grow with the
             # square (2 s, the SDK's deadlock check, at ~1,200 waiting
@@ -609,6 +610,7 @@ class AgentWorkflow:
         once every signal and update handler has finished. Idle, subscribers
         are caught up: only the last events are carried."""
         self._switching = True  # wait_for_idle callers are told to ask again
+        await self._calls.aborted_calls_ended()
         self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         session = self._session

@@ -68,12 +68,22 @@ RECORDED_TOOLS_PATCH = "recorded-tool-declarations"
 # running), so no tool goes on after its result says "aborted".
 WAIT_CANCEL_PATCH = "wait-for-cancelled-tools"
 INSTANT_ABORT_PATCH = "instant-abort"
+# An aborted model call is still answered at once, but the run does not
+# continue as new or complete until the call has ended (the activity hears
+# of the abort at its next heartbeat): before, its last event batches could
+# land during the workflow task that switched, which the server then failed
+# (UnhandledCommand) and ran again.
+AWAIT_ABORTED_CALL_PATCH = "await-aborted-model-call"
 # Events as pi emits them, where the count changed (so that an execution
 # replayed from before keeps the offsets its subscribers hold): a run ended
 # by a failing hook has its failure message's turn_end; a model call whose
 # last attempt broke off mid-answer ends the message it streamed; a retry
 # drops the partial message (an abort then has a message_start of its own).
 STREAM_AS_PI_PATCH = "stream-events-as-pi"
+
+
+class _Aborted(Exception):
+    """The model call was aborted; its activity has not ended yet."""
 
 
 class ActivityCalls:
@@ -92,6 +102,7 @@ class ActivityCalls:
         self._wave = asyncio.Semaphore(MAX_TOOL_ACTIVITIES_AT_ONCE)
         self._argument_bytes = 0  # of the tool activities running
         self._instant_abort = False
+        self._aborted_calls: list[workflow.ActivityHandle[LlmResult]] = []  # cancelled, not yet ended
         self.on_change: Callable[[], None] = lambda: None
 
     @property
@@ -107,6 +118,16 @@ class ActivityCalls:
             self._llm.cancel()
         for handle in self._tools.values():
             handle.cancel()
+
+    async def aborted_calls_ended(self) -> None:
+        """Wait until every aborted model call has ended (cancelled at its
+        next heartbeat, or timed out on a dead worker): before continuing
+        as new or completing, so no event batch of theirs lands during that
+        workflow task."""
+        calls, self._aborted_calls = self._aborted_calls, []
+        if calls:
+            await workflow.wait_condition(lambda: all(call.done() for call in calls))
+            await asyncio.gather(*calls, return_exceptions=True)  # their cancellations, read
 
     # --- the session's defaults -------------------------------------------------------
 
@@ -127,6 +148,8 @@ class ActivityCalls:
         self._stream.model_call_started()
         try:
             result = await self._call_model(context)
+        except _Aborted:
+            return self._aborted_answer()
         except ActivityError as err:
             if session.abort_requested:
                 return self._aborted_answer()
@@ -167,6 +190,8 @@ class ActivityCalls:
             # An abort answers at once with what had streamed, instead of
             # waiting for the activity to hear of it (up to a heartbeat).
             self._instant_abort = self._versions.has(INSTANT_ABORT_PATCH)
+            # ... and the call, cancelled, is waited for before the run switches.
+            awaited = self._instant_abort and self._versions.has(AWAIT_ABORTED_CALL_PATCH)
             self._llm = workflow.start_activity(
                 LLM_ACTIVITY,
                 request,
@@ -176,13 +201,15 @@ class ActivityCalls:
                 retry_policy=LLM_RETRY,
                 cancellation_type=(
                     workflow.ActivityCancellationType.TRY_CANCEL
-                    if self._instant_abort
+                    if self._instant_abort and not awaited
                     else workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
                 ),
                 summary=f"llm: {request.model} turn {request.turn}",
             )
             self.on_change()
             try:
+                if awaited:
+                    return await self._answer_or_abort(self._llm)
                 return await self._llm
             except ActivityError as err:
                 missing = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextMissing"
@@ -191,6 +218,18 @@ class ActivityCalls:
                 workflow.logger.warning("Stored context is missing; sending it inline: %s", err.cause)
                 session.context_ref, session.context_length = None, 0
         raise AssertionError("unreachable")
+
+    async def _answer_or_abort(self, call: workflow.ActivityHandle[LlmResult]) -> LlmResult:
+        """The call's result, or, at an abort, ``_Aborted`` at once: the
+        call goes on until it hears of the cancellation and is waited for by
+        ``aborted_calls_ended``."""
+        if self._session.abort_requested:  # before the call began (no loop path makes one then)
+            return await call  # as before this path: the abort cancelled nothing of it
+        await workflow.wait_condition(lambda: call.done() or self._session.abort_requested)
+        if not call.done():
+            self._aborted_calls.append(call)
+            raise _Aborted()
+        return call.result()
 
     def _aborted_answer(self) -> ModelAnswer:
         """The aborted message: what the model had streamed to subscribers."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-h"
+CURRENT = "agent-2026-12-i"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -33,8 +33,10 @@ _D = _C | {"abort-before-run-start", "strict-start-input", "continue-after-app-m
 _E = _D | {"closed-when-idle", "tool-argument-bytes", "stream-events-as-pi"}
 _F = _E | {"abort-over-stop"}
 _G = _F | {"tool-batch-in-parts"}
+_H = _G | {"drop-carried-publishers"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-h": _H,
     "agent-2026-12-g": _G,
     "agent-2026-12-f": _F,
     "agent-2026-12-e": _E,
