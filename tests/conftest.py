@@ -21,6 +21,7 @@ from runtime.connect import connect
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, DevServer, free_port, start_worker, stop_process
 from testbed.scripted_model import ScriptedModelServer
+from tests.support.serving import serving
 from tests.support.stack import Stack
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -122,13 +123,8 @@ async def fake_s3() -> AsyncIterator[tuple[str, dict[str, bytes]]]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", objects
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield url, objects
 
 
 # Clients in this process read large payloads from the same store as the worker.

@@ -19,13 +19,11 @@ import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, example, given, settings
@@ -42,6 +40,7 @@ from runtime.payloads import data_converter
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, temporal_cli
 from tests.support.s3 import use_fake_s3
+from tests.support.serving import serving
 from tests.support.stack import Stack
 
 COMPRESS_BYTES = 64
@@ -51,19 +50,6 @@ REFERENCE_TYPE = b"temporal.api.sdk.v1.ExternalStorageReference"
 
 
 # --- the server in this process -------------------------------------------------------
-
-
-@asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    """``app`` on a free loopback port; yields its URL."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
 
 
 @dataclass

@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 import pytest
 from aiohttp import web
 
+from tests.support.serving import serving
+
 
 def use_fake_s3(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     for name, value in {
@@ -41,11 +43,5 @@ async def denying_s3(reads: str = "denied") -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)  # a hung read is not waited for
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(app, shutdown_timeout=0.1) as url:  # a hung read is not waited for
+        yield url
