@@ -304,12 +304,16 @@ class Conversation:
         """pi's ``waitForIdle()``: returns when no run is active (asked again
         when the conversation continued as new meanwhile)."""
         async with self._refusals():
+            switches = 0
             while True:
                 try:
                     return await self._update("wait_for_idle", result_type=WaitForIdleResult)
                 except WorkflowUpdateFailedError as err:
                     if getattr(err.cause, "type", None) != "ContinuedAsNew":
                         raise
+                if switches:  # the run still switching: not in a loop of updates
+                    await asyncio.sleep(_backoff(switches - 1))
+                switches += 1
 
     # --- approvals ----------------------------------------------------------------------
 

@@ -609,8 +609,10 @@ class AgentWorkflow:
         """Hand the whole session to a new run (at a turn boundary or idle),
         once every signal and update handler has finished. Idle, subscribers
         are caught up: only the last events are carried."""
-        self._switching = True  # wait_for_idle callers are told to ask again
+        # Not switching yet while an aborted call ends (up to a heartbeat):
+        # a wait_for_idle caller told to ask again then would ask in a loop.
         await self._calls.aborted_calls_ended()
+        self._switching = True  # wait_for_idle callers are told to ask again
         self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         session = self._session
