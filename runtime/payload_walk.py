@@ -21,14 +21,15 @@ before the next step, under the same command; the storage step only for
 targets it can act on (a reference to retrieve, or to refuse when the
 worker has no storage; a payload at or past the storage threshold to
 store), with the same concurrency limit. A sequence is written back only
-when a step returned other payloads. A
-system Nexus envelope (whose nested payloads the SDK re-serializes during
-the walk) sends the whole task through the SDK's own passes.
+when a step returned other payloads. A system Nexus envelope (whose nested
+payloads the SDK re-serializes during the walk) sends the whole task
+through the SDK's own passes.
 
 Like ``runtime/sandbox.py``, this reads private names of the SDK, so it
 applies to the version it was read against only (else the stock passes,
 and a warning); AGENT_PAYLOAD_WALK=off, or AGENT_SDK_FALLBACKS=on (which
-CI runs), keeps the stock passes. tests/test_payload_walk.py checks that both give the same bytes.
+CI runs), keeps the stock passes. tests/test_payload_walk.py checks that
+both give the same bytes.
 """
 
 from __future__ import annotations

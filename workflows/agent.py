@@ -607,8 +607,9 @@ class AgentWorkflow:
 
     async def _continue_as_new(self, *, idle: bool = False) -> None:
         """Hand the whole session to a new run (at a turn boundary or idle),
-        once every signal and update handler has finished. Idle, subscribers
-        are caught up: only the last events are carried."""
+        once every aborted model call has ended and every signal and update
+        handler has finished. Idle, subscribers are caught up: only the last
+        events are carried."""
         # Not switching yet while an aborted call ends (up to a heartbeat):
         # a wait_for_idle caller told to ask again then would ask in a loop.
         await self._calls.aborted_calls_ended()
