@@ -130,6 +130,7 @@ def build_worker(
             context_store=ContextStore(blobs) if blobs else None,
             tools=tools,
             secrets=settings.known_secrets(),
+            direct_post=settings.direct_model_post and not settings.sdk_fallbacks,
         )
     llm.warm_up()
     # Process-wide: every worker in this process walks alike.

@@ -63,9 +63,8 @@ class ActivityEventPublisher:
     def __init__(self, batch_ms: int, max_batches: int | None = None, *, call: str | None = None) -> None:
         """``call``: the model call's mark (``LlmRequest.stream_call``), sent
         with the first batch."""
-        self._client = run_stream_client()
+        self._stream: WorkflowStreamClient | None = None  # made for the first batch sent
         self._run_ended = False
-        self._topic = self._client.topic(EVENTS_TOPIC)
         self._call = call
         self._base_interval = max(batch_ms, 1) / 1000
         self._interval = self._base_interval
@@ -154,15 +153,20 @@ class ActivityEventPublisher:
         batch, self._buffer = self._buffer, []
         if self._run_ended:
             return
+        if self._stream is None:
+            # Not before: most tool calls and short answers send no batch.
+            self._stream = run_stream_client()
+        stream = self._stream
         if batch:
             self.batches += 1
             if self._call is not None:  # the first batch says which call it is of
-                self._client.topic(MODEL_CALL_TOPIC).publish(self._call)
+                stream.topic(MODEL_CALL_TOPIC).publish(self._call)
                 self._call = None
+        topic = stream.topic(EVENTS_TOPIC)
         for event in batch:
-            self._topic.publish(event)
+            topic.publish(event)
         try:
-            await self._client.flush()
+            await stream.flush()
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 self._run_ended = True

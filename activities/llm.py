@@ -24,7 +24,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -35,12 +35,12 @@ from temporalio.exceptions import ApplicationError
 from activities.context_store import ContextMissing, ContextStore, Manifest
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
+from activities.model_http import ChatPoster, Chunks
 from activities.openai_chat import (
     StreamAssembler,
     completion_as_chunk,
     default_convert_to_llm,
     reasoning_effort,
-    stream_chunks,
     to_openai_messages,
 )
 from activities.redact import scrub
@@ -82,8 +82,10 @@ class LlmActivities:
         context_store: ContextStore | None = None,
         tools: Mapping[str, ToolSpec] | None = None,
         secrets: Sequence[str | None] = (),
+        direct_post: bool = True,
     ) -> None:
         self._api_key = api_key
+        self._direct_post = direct_post
         self._secrets = (api_key, *secrets)
         self._base_url = base_url
         self._transform_context = transform_context
@@ -91,11 +93,11 @@ class LlmActivities:
         self._read_timeout = read_timeout
         self._context = context_store
         self._tools = tools
-        self._client: openai.AsyncOpenAI | None = None
+        self._poster: ChatPoster | None = None
         self._no_stream_options: set[str] = set()
         """Models the server refused ``stream_options`` for (usage in the stream)."""
 
-    def _openai_client(self) -> openai.AsyncOpenAI:
+    def _model_poster(self) -> ChatPoster:
         """The client for the worker's model server (made on first use)."""
         if not self._api_key:
             raise ApplicationError(
@@ -104,14 +106,15 @@ class LlmActivities:
                 type="ModelConfigError",
                 non_retryable=True,
             )
-        if self._client is None:
-            self._client = openai.AsyncOpenAI(
+        if self._poster is None:
+            client = openai.AsyncOpenAI(
                 base_url=self._base_url,
                 api_key=self._api_key,
                 max_retries=0,  # Temporal retries, with backoff and Retry-After
                 timeout=openai.Timeout(self._read_timeout, connect=10.0),
             )
-        return self._client
+            self._poster = ChatPoster(client, direct=self._direct_post)
+        return self._poster
 
     def warm_up(self) -> None:
         """Make the model client now, not on the first call: building its TLS
@@ -119,12 +122,12 @@ class LlmActivities:
         (a deploy, a crash, an evicted conversation) would otherwise wait
         for. Without an API key it does nothing (the call then says why)."""
         if self._api_key:
-            self._openai_client()
+            self._model_poster()
 
     @activity.defn(name="stream_assistant_response")
     async def stream_assistant_response(self, request: LlmRequest) -> LlmResult:
         info = activity.info()
-        client = self._openai_client()
+        poster = self._model_poster()
         stored, context = await self._context_of(request)
         params = await self._request_params(request, context)
         assembler = StreamAssembler(request.model)
@@ -138,11 +141,11 @@ class LlmActivities:
                 events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
             try:
                 try:
-                    await _stream(client, params, assembler, events, info.attempt)
+                    await _stream(poster, params, assembler, events, info.attempt)
                 except openai.BadRequestError as err:
                     if not self._refuses_stream_options(err, params):
                         raise
-                    await _stream(client, params, assembler, events, info.attempt)
+                    await _stream(poster, params, assembler, events, info.attempt)
                 message, argument_errors, closing = assembler.finish()
             except asyncio.CancelledError:
                 details = activity.cancellation_details()
@@ -252,15 +255,15 @@ class LlmActivities:
 
 
 async def _stream(
-    client: openai.AsyncOpenAI,
+    poster: ChatPoster,
     params: dict[str, Any],
     assembler: StreamAssembler,
     events: ActivityEventPublisher,
     attempt: int,
 ) -> None:
-    stream = await stream_chunks(client, params)
+    stream = await poster.stream(params)
     first_delta = True
-    chunks: AsyncIterator[Any] = stream
+    chunks: AsyncIterable[Any] = stream
     if stream.response.headers.get("content-type", "").startswith("application/json"):
         chunks = _whole_answer(stream)  # a server that does not stream (or cannot, this once)
     async for chunk in chunks:
@@ -288,7 +291,7 @@ async def _stream(
             return
 
 
-async def _whole_answer(stream: openai.AsyncStream[Any]) -> AsyncIterator[dict[str, Any]]:
+async def _whole_answer(stream: Chunks) -> AsyncIterator[dict[str, Any]]:
     """A completion the server sent whole (``application/json``, not a
     stream) as the one chunk it amounts to; an ``error`` it holds raised
     as the stream's would be."""

@@ -11,8 +11,6 @@ import re
 import time
 from typing import Any
 
-import openai
-
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
 from workflows.inputs import clean_json, clean_text, image_base64, image_problem, image_type
@@ -205,22 +203,6 @@ def reasoning_effort(level: ThinkingLevel) -> str | None:
     return None if level == "off" else level
 
 
-async def stream_chunks(client: openai.AsyncOpenAI, params: dict[str, Any]) -> openai.AsyncStream[Any]:
-    """A streamed Chat Completions call, its chunks as the JSON the server
-    sent. The body is posted as built through the client, skipping the SDK's
-    typed-params transform and the typed construction of every chunk (most
-    of a model call's CPU, measured); errors, timeouts and auth are the
-    client's as ever."""
-    return await client.post(
-        "/chat/completions",
-        cast_to=object,
-        body=params,
-        options={"security": {"bearer_auth": True}},
-        stream=True,
-        stream_cls=openai.AsyncStream[object],
-    )
-
-
 def completion_as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     """A whole (not streamed) chat completion as the one chunk that would
     say the same: each choice's message as its delta, its tool calls
@@ -317,7 +299,7 @@ class StreamAssembler:
         ``message_start`` on, as pi stamps it."""
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """Consume one streamed chunk (its JSON, as ``stream_chunks`` yields
+        """Consume one streamed chunk (its JSON, as ``ChatPoster.stream`` yields
         it); return the events it makes.
 
         Servers differ in what they put where, and an answer one of them

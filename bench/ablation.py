@@ -14,7 +14,9 @@ setting, so the row shows what that change is worth:
 - ``stock sandbox``: ``AGENT_SANDBOX_PRECOMPILE=off`` (glue compiled per call,
   payload contexts looked up per payload, workflow module compiled per instance);
 - ``stock payload passes``: ``AGENT_PAYLOAD_WALK=off`` (each workflow task's
-  payloads walked in the SDK's three passes per direction).
+  payloads walked in the SDK's three passes per direction);
+- ``model call through client.post``: ``AGENT_DIRECT_MODEL_POST=off`` (the
+  ``openai`` client builds each request and decodes the stream itself).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "no compression": {"AGENT_COMPRESS_THRESHOLD_BYTES": "off"},
     "stock sandbox": {"AGENT_SANDBOX_PRECOMPILE": "off"},
     "stock payload passes": {"AGENT_PAYLOAD_WALK": "off"},
+    "model call through client.post": {"AGENT_DIRECT_MODEL_POST": "off"},
 }
 ROUNDS = (5, 20)
 

@@ -32,7 +32,8 @@ import openai
 from temporalio.client import Client
 
 import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
-from activities.openai_chat import StreamAssembler, stream_chunks, to_openai_messages
+from activities.model_http import ChatPoster
+from activities.openai_chat import StreamAssembler, to_openai_messages
 from activities.tools import registered_tools
 from bench.peers.measure import own_cpu_ms, process_cpu_ms
 from client import Conversation
@@ -65,7 +66,7 @@ def scenario(rounds: int, first_delay_ms: int = 0) -> list[dict[str, Any]]:
 # --- the in-process baseline -----------------------------------------------------------
 
 
-async def baseline_conversation(client: openai.AsyncOpenAI, model: str) -> int:
+async def baseline_conversation(poster: ChatPoster, model: str) -> int:
     """A plain asyncio agent loop: stream, run the tool calls concurrently, repeat."""
     tools = registered_tools()
     schemas = [spec.openai_tool() for spec in tools.values()]
@@ -74,8 +75,7 @@ async def baseline_conversation(client: openai.AsyncOpenAI, model: str) -> int:
     while True:
         # The same fast path as the LLM activity: the body posted as built,
         # chunks as JSON (the baseline stays the leanest loop).
-        stream = await stream_chunks(
-            client,
+        stream = await poster.stream(
             {
                 "model": model,
                 "messages": to_openai_messages(None, messages),
@@ -163,7 +163,7 @@ async def compare(
     ``pids``: the dev server's and the worker's. This process's CPU is the
     baseline's whole loop, or the durable side's client (starter and
     subscriber); both include the scripted model server, which runs here."""
-    llm = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
+    llm = ChatPoster(openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0))
     out: dict[str, Any] = {}
     samples: dict[int, dict[str, list[Any]]] = {
         k: {"baseline": [], "durable": [], "baseline_cpu": [], "durable_cpu": []} for k in (5, 20)

@@ -72,6 +72,7 @@ class Settings:
     # The worker
     sandbox_precompile: bool = True
     payload_walk: bool = True
+    direct_model_post: bool = True
     sdk_fallbacks: bool = False
     max_concurrent_activities: int = 200
     shutdown_grace: float = 5.0
@@ -127,6 +128,7 @@ class Settings:
             encryption_key_file=_optional_path(text("AGENT_ENCRYPTION_KEY_FILE")),
             sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
             payload_walk=(text("AGENT_PAYLOAD_WALK", "on") or "on").lower() != "off",
+            direct_model_post=(text("AGENT_DIRECT_MODEL_POST", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
             shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0, maximum=86_400),

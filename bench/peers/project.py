@@ -17,6 +17,7 @@ from pathlib import Path
 
 import openai
 
+from activities.model_http import ChatPoster
 from bench import run as bench_run
 from bench.peers.rows import Conversation, Row, Stack, finish
 from bench.peers.scenario import PROMPT
@@ -87,10 +88,12 @@ class BaselineRow(Row):
     the tools called concurrently in the same process."""
 
     name: str = "in-process baseline"
-    _model_client: openai.AsyncOpenAI | None = None
+    _model_client: ChatPoster | None = None
 
     async def start(self, stack: Stack) -> None:
-        self._model_client = openai.AsyncOpenAI(base_url=stack.model_base_url, api_key="bench", max_retries=0)
+        self._model_client = ChatPoster(
+            openai.AsyncOpenAI(base_url=stack.model_base_url, api_key="bench", max_retries=0)
+        )
 
     async def converse(self, model: str) -> Conversation:
         assert self._model_client is not None

@@ -1,0 +1,307 @@
+"""The model call's direct request (activities/model_http.py) sends what
+``client.post`` sends and fails as it fails: both paths side by side over
+the same transport, byte for byte, and over the scripted model server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from activities.llm import LlmActivities
+from activities.model_http import ChatPoster
+from runtime.settings import Settings
+from testbed.scripted_model import ScriptedModelServer
+
+PARAMS: dict[str, Any] = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "héllo \u2603"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "tools": [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}],
+}
+CHUNK = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+
+direct_only = pytest.mark.skipif(
+    not ChatPoster(openai.AsyncOpenAI(api_key="k")).direct,
+    reason="this openai lacks the helpers of the direct request: both paths are client.post",
+)
+
+
+class Blocks(httpx2.AsyncByteStream):
+    """A response body sent in the given blocks; an exception in them is raised there."""
+
+    def __init__(self, blocks: list[bytes | Exception]) -> None:
+        self.blocks = blocks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for block in self.blocks:
+            if isinstance(block, Exception):
+                raise block
+            yield block
+
+
+Handler = Callable[[httpx2.Request], httpx2.Response]
+
+
+def posters(handler: Handler, **client_args: Any) -> tuple[ChatPoster, ChatPoster, list[httpx2.Request]]:
+    """The direct poster and the client.post one, each on its own client
+    over ``handler``; the requests both sent, in order."""
+    sent: list[httpx2.Request] = []
+
+    def recording(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        return handler(request)
+
+    def poster(direct: bool) -> ChatPoster:
+        http = httpx2.AsyncClient(transport=httpx2.MockTransport(recording))
+        client = openai.AsyncOpenAI(
+            api_key="sk-test", base_url="http://model.test/v1", max_retries=0, http_client=http, **client_args
+        )
+        return ChatPoster(client, direct=direct)
+
+    direct, through_client = poster(True), poster(False)
+    assert direct.direct and not through_client.direct
+    return direct, through_client, sent
+
+
+def sse(*events: Any, lines: bool = False) -> bytes:
+    """An event stream of ``events``; ``lines``: each event's JSON over several ``data:`` lines."""
+    return (
+        b"".join(
+            b"".join(
+                b"data: " + line.encode() + b"\n"
+                for line in json.dumps(e, indent=1 if lines else None).split("\n")
+            )
+            + b"\n"
+            for e in events
+        )
+        + b"data: [DONE]\n\n"
+    )
+
+
+async def outcome(poster: ChatPoster, params: dict[str, Any] = PARAMS) -> Any:
+    """What a call gives: its chunks, or the error it raised (type, text, details)."""
+    chunks: list[Any] = []
+    try:
+        stream = await poster.stream(params)
+        async for chunk in stream:
+            chunks.append(chunk)
+    except openai.APIStatusError as err:
+        return (type(err), str(err), err.status_code, err.body, dict(err.response.headers))
+    except openai.APIError as err:
+        cause = err.__cause__
+        return (type(err), str(err), err.body, type(cause), str(cause), chunks)
+    except ValueError as err:  # a chunk that is not JSON, as json raises it
+        return (type(err), str(err), chunks)
+    return chunks
+
+
+@direct_only
+async def test_the_direct_request_is_the_one_client_post_sends() -> None:
+    cookie_sent: list[str | None] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        cookie_sent.append(request.headers.get("cookie"))
+        # A load balancer's stickiness cookie: the next request carries it.
+        return httpx2.Response(
+            200,
+            headers={"content-type": "text/event-stream", "set-cookie": "lb=node-2; Path=/"},
+            content=sse(CHUNK),
+        )
+
+    direct, through_client, sent = posters(
+        handler,
+        organization="org-1",
+        project="proj-1",
+        default_headers={"X-Team": "agents"},
+        default_query={"api-version": "2026-01-01"},
+    )
+    for _ in range(2):
+        assert await outcome(direct) == [CHUNK]
+        assert await outcome(through_client) == [CHUNK]
+    assert len(sent) == 4
+    for mine, theirs in ((sent[0], sent[1]), (sent[2], sent[3])):
+        assert mine.method == theirs.method == "POST"
+        assert (
+            str(mine.url) == str(theirs.url) == "http://model.test/v1/chat/completions?api-version=2026-01-01"
+        )
+        assert mine.headers.multi_items() == theirs.headers.multi_items()
+        assert mine.content == theirs.content  # the same bytes, not only the same JSON
+        assert mine.extensions["timeout"] == theirs.extensions["timeout"]
+    assert sent[0].headers["authorization"] == "Bearer sk-test"
+    assert cookie_sent == [None, None, "lb=node-2", "lb=node-2"]
+
+
+@direct_only
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "error"),
+    [
+        (
+            400,
+            {"error": {"message": "stream_options is not supported", "type": "invalid_request_error"}},
+            {},
+            openai.BadRequestError,
+        ),
+        (401, {"error": {"message": "Incorrect API key provided"}}, {}, openai.AuthenticationError),
+        (404, "404 page not found", {}, openai.NotFoundError),
+        (429, {"error": {"message": "slow down"}}, {"retry-after": "2"}, openai.RateLimitError),
+        (
+            500,
+            "<html><title>Bad gateway</title></html>",
+            {"content-type": "text/html"},
+            openai.InternalServerError,
+        ),
+        (503, "", {}, openai.InternalServerError),
+    ],
+)
+async def test_an_error_answer_raises_what_client_post_raises(
+    status: int, body: Any, headers: dict[str, str], error: type[Exception]
+) -> None:
+    content = json.dumps(body).encode() if isinstance(body, dict) else body.encode()
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(status, headers=headers, content=content)
+
+    direct, through_client, _ = posters(handler)
+    mine, theirs = await outcome(direct), await outcome(through_client)
+    assert mine == theirs
+    assert mine[0] is error
+
+
+@direct_only
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx2.ConnectError("[Errno 111] Connection refused"),
+        httpx2.ConnectTimeout("timed out connecting"),
+        httpx2.ReadTimeout("timed out waiting for headers"),
+    ],
+)
+async def test_an_unreachable_server_raises_what_client_post_raises(error: Exception) -> None:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        raise error
+
+    direct, through_client, _ = posters(handler)
+    mine, theirs = await outcome(direct), await outcome(through_client)
+    assert mine == theirs
+    assert mine[0] is (
+        openai.APITimeoutError if isinstance(error, httpx2.TimeoutException) else openai.APIConnectionError
+    )
+
+
+BODIES: dict[str, list[bytes | Exception]] = {
+    "lf": [sse(CHUNK, CHUNK)],
+    "crlf": [sse(CHUNK).replace(b"\n", b"\r\n")],
+    "cr": [sse(CHUNK).replace(b"\n", b"\r")],
+    "comments, other fields, no space after the colon": [
+        b": keep-alive\n\nevent: completion\nid: 7\nretry: 100\ndata:" + json.dumps(CHUNK).encode() + b"\n\n",
+        b"data: [DONE]\n\n",
+    ],
+    "data over two lines": [b'data: {"a":\ndata: 1}\n\n', b"data: [DONE]\n\n"],
+    "a CRLF cut between its CR and its LF": [
+        b'data: {"a":\r',
+        b"\ndata: 1}\r\n\r",
+        b"\ndata: [DONE]\r\n\r\n",
+    ],
+    "an error chunk": [sse(CHUNK)[:-14], b'data: {"error": {"message": "overloaded", "code": 503}}\n\n'],
+    "an error chunk without a message": [b'data: {"error": {"code": "boom"}}\n\n'],
+    "a chunk that is not JSON": [b"data: {not json\n\n"],
+    "cut off mid-answer": [sse(CHUNK)[:-14], httpx2.RemoteProtocolError("peer closed connection")],
+    "a read timeout mid-answer": [sse(CHUNK)[:-14], httpx2.ReadTimeout("no byte for 60 s")],
+    "ends without [DONE] or a last blank line": [sse(CHUNK)[:-14] + b'data: {"late": 1}'],
+    "bytes after [DONE]": [sse(CHUNK) + b"data: " + json.dumps(CHUNK).encode() + b"\n\n"],
+    "a chunk of another script": [sse({"x": "\u00e9\u2603\U0001f600"})],
+}
+
+
+@direct_only
+@pytest.mark.parametrize("name", list(BODIES))
+async def test_a_stream_reads_as_openais_does(name: str) -> None:
+    await assert_same_stream(BODIES[name])
+
+
+@direct_only
+@settings(max_examples=150, deadline=None)
+@given(
+    ending=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    texts=st.lists(st.text(max_size=6), min_size=1, max_size=4),
+    lines=st.booleans(),
+    data=st.data(),
+)
+async def test_a_stream_cut_anywhere_reads_as_openais_does(
+    ending: bytes, texts: list[str], lines: bool, data: st.DataObject
+) -> None:
+    body = sse(*({**CHUNK, "choices": [{"index": 0, "delta": {"content": t}}]} for t in texts), lines=lines)
+    body = body.replace(b"\n", ending)
+    cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(body)), max_size=12))
+    points = sorted({0, len(body), *cuts})
+    await assert_same_stream([body[a:b] for a, b in itertools.pairwise(points)])
+
+
+async def assert_same_stream(blocks: list[bytes | Exception]) -> None:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=Blocks(blocks))
+
+    direct, through_client, _ = posters(handler)
+    mine, theirs = await outcome(direct), await outcome(through_client)
+    assert mine == theirs
+
+
+@direct_only
+async def test_an_event_without_data_is_skipped_where_openai_fails() -> None:
+    """The one difference, on purpose: ``event: ping`` alone is no chunk."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
+            200, headers={"content-type": "text/event-stream"}, content=b"event: ping\n\n" + sse(CHUNK)
+        )
+
+    direct, through_client, _ = posters(handler)
+    assert await outcome(direct) == [CHUNK]
+    assert (await outcome(through_client))[0] is json.JSONDecodeError
+
+
+@direct_only
+async def test_calls_to_a_real_server_share_one_connection(model_server: ScriptedModelServer) -> None:
+    """After ``[DONE]`` the rest of the body is read, so the next call reuses the connection."""
+    http = httpx2.AsyncClient()
+    poster = ChatPoster(openai.AsyncOpenAI(api_key="k", base_url=model_server.base_url, http_client=http))
+    model_server.script("reuse", [{"text": "one"}, {"text": "two"}, {"text": "three"}])
+    for word in ("one", "two", "three"):
+        stream = await poster.stream({**PARAMS, "model": "reuse"})
+        chunks = [c async for c in stream]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == word
+        assert stream.response.is_closed
+    pool = http._transport._pool  # the connections the three calls used
+    assert len(pool.connections) == 1
+    await http.aclose()
+
+
+def test_a_client_whose_requests_differ_posts_through_it() -> None:
+    async def key() -> str:
+        return "sk-rotated"
+
+    assert not ChatPoster(openai.AsyncOpenAI(api_key=key)).direct  # a key provider: refreshed per call
+    assert not ChatPoster(
+        openai.AsyncAzureOpenAI(api_key="k", api_version="v", azure_endpoint="http://x")
+    ).direct
+    assert not ChatPoster(openai.AsyncOpenAI(api_key="k"), direct=False).direct
+
+
+def test_the_setting_and_the_sdk_fallbacks_turn_the_direct_request_off() -> None:
+    assert Settings.from_env({}).direct_model_post
+    assert not Settings.from_env({"AGENT_DIRECT_MODEL_POST": "off"}).direct_model_post
+    llm = LlmActivities(api_key="k", direct_post=False)
+    assert not llm._model_poster().direct
+    assert (
+        LlmActivities(api_key="k")._model_poster().direct
+        == ChatPoster(openai.AsyncOpenAI(api_key="k")).direct
+    )
