@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from types import TracebackType
 from typing import Any
@@ -63,7 +64,12 @@ class ActivityEventPublisher:
     def __init__(self, batch_ms: int, max_batches: int | None = None, *, call: str | None = None) -> None:
         """``call``: the model call's mark (``LlmRequest.stream_call``), sent
         with the first batch."""
-        self._stream: WorkflowStreamClient | None = None  # made for the first batch sent
+        # The stream client is made for the first batch sent (most tool calls
+        # and short answers send none), in the activity's context as it is
+        # now: a first event may be published from a task or callback outside
+        # it (a tool's executor thread, say), where the flush loop starts.
+        self._context = contextvars.copy_context()
+        self._stream: WorkflowStreamClient | None = None
         self._run_ended = False
         self._call = call
         self._base_interval = max(batch_ms, 1) / 1000
@@ -154,8 +160,7 @@ class ActivityEventPublisher:
         if self._run_ended:
             return
         if self._stream is None:
-            # Not before: most tool calls and short answers send no batch.
-            self._stream = run_stream_client()
+            self._stream = self._context.run(run_stream_client)
         stream = self._stream
         if batch:
             self.batches += 1

@@ -16,12 +16,20 @@ same bench. Failures are the openai exceptions ``client.post`` raises, built by
 the client's own helpers (tests/test_model_http.py compares both paths).
 
 Used only where no request differs from the last but for its body: a plain
-``openai.AsyncOpenAI`` with a fixed API key (no key provider, workload
-identity, provider runtime, custom auth or idempotency header) on an openai
-that has the helpers used here. Anything else, or ``AGENT_DIRECT_MODEL_POST=off``
-(``AGENT_SDK_FALLBACKS=on`` too), posts through ``client.post`` as before.
-One difference, on purpose: an event without data (``event: ping``, an
-``id:`` alone) is skipped, where openai's stream fails parsing it as JSON.
+``openai.AsyncOpenAI`` with a fixed API key and no retries of its own
+(``max_retries=0``, as the worker's: Temporal retries), without a key
+provider, workload identity, provider runtime, custom auth or idempotency
+header, on an openai that has the helpers used here; a new API key or base
+URL set on the client is read from the next request on. Anything else, or
+``AGENT_DIRECT_MODEL_POST=off`` (``AGENT_SDK_FALLBACKS=on`` too), posts
+through ``client.post`` as before.
+
+Differences, each where openai's stream fails or reads another API: an
+event without data (``event: ping``, an ``id:`` alone) is skipped where
+openai's stream fails parsing it as JSON; a line that is not ``data:`` is
+not decoded (openai fails on one that is not UTF-8), nor is an unfinished
+event when the body ends; Assistants ``thread.*`` events are read as any
+other.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import openai
@@ -66,7 +75,7 @@ class ChatPoster:
 
     def __init__(self, client: openai.AsyncOpenAI, *, direct: bool = True) -> None:
         self.client = client
-        self._template: tuple[type, Any, list[tuple[bytes, bytes]], dict[str, Any]] | None = None
+        self._template: _Template | None = None
         self.direct = direct and _direct_possible(client)
 
     async def stream(self, params: dict[str, Any]) -> Chunks:
@@ -99,31 +108,51 @@ class ChatPoster:
         return ChunkStream(response)
 
     def _request(self, params: dict[str, Any]) -> Any:
-        if self._template is None:
-            self._template = self._build_template()
-        request_class, url, headers, extensions = self._template
+        client = self.client
+        template = self._template
+        if template is None or template.key != (client.api_key, client.base_url):
+            template = self._template = _Template.of(client)
         # As the client serialises a body (openapi_dumps, the same bytes for JSON values).
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         # The jar's cookies as the httpx client's build_request adds them (a
-        # load balancer's stickiness cookie, say).
-        cookies = self.client._client.cookies or None
-        return request_class(
-            "POST", url, headers=headers, content=body, cookies=cookies, extensions=dict(extensions)
+        # load balancer's stickiness cookie, say); none over a Cookie header
+        # the client was configured with.
+        return template.request_class(
+            "POST",
+            template.url,
+            headers=template.headers,
+            content=body,
+            cookies=client._client.cookies or None,
+            extensions=dict(template.extensions),
         )
 
-    def _build_template(self) -> tuple[type, Any, list[tuple[bytes, bytes]], dict[str, Any]]:
+
+@dataclass(frozen=True)
+class _Template:
+    """What every request of a client has in common, as its own
+    ``_build_request`` makes it: URL (base URL, default query), headers
+    (authentication, platform, defaults, configured ones, the httpx
+    client's), the timeout."""
+
+    key: tuple[Any, Any]  # the API key and base URL it was built with
+    request_class: type
+    url: Any
+    headers: list[tuple[bytes, bytes]]
+    extensions: dict[str, Any]
+
+    @classmethod
+    def of(cls, client: openai.AsyncOpenAI) -> _Template:
         options = FinalRequestOptions.construct(  # type: ignore[union-attr]
             method="post", url=CHAT_PATH, json_data=None, security={"bearer_auth": True}
         )
-        built = self.client._build_request(options)
-        # Host, Content-Length and Cookie are set again for each request, in
-        # the places httpx sets them (tests/test_model_http.py compares).
-        headers = [
-            (name, value)
-            for name, value in built.headers.raw
-            if name.lower() not in (b"host", b"content-length", b"cookie")
-        ]
-        return type(built), built.url, headers, dict(built.extensions)
+        built = client._build_request(options)
+        # Host, Content-Length and a Cookie from the jar are each request's
+        # own: httpx sets them again, where it set these (the test compares).
+        # A Host or Cookie header the client was configured with stays.
+        configured = {name.lower() for name in (*client._build_headers(options), *client._client.headers)}
+        own = {b"content-length"} | {b"host", b"cookie"} - {n.encode() for n in configured}
+        headers = [(name, value) for name, value in built.headers.raw if name.lower() not in own]
+        return cls((client.api_key, client.base_url), type(built), built.url, headers, dict(built.extensions))
 
 
 def _direct_possible(client: openai.AsyncOpenAI) -> bool:
@@ -133,8 +162,8 @@ def _direct_possible(client: openai.AsyncOpenAI) -> bool:
             openai.__version__,
         )
         return False
-    if type(client) is not openai.AsyncOpenAI:
-        return False
+    if type(client) is not openai.AsyncOpenAI or client.max_retries != 0:
+        return False  # the direct request has no retry loop (the worker's client: Temporal retries)
     if any(getattr(client, name, None) is not None for name in _PER_REQUEST):
         return False
     return client.custom_auth is None and not getattr(client, "_idempotency_header", None)
@@ -163,16 +192,28 @@ class ChunkStream:
         response = self.response
         blocks = response.aiter_bytes()
         data: list[bytes] = []
-        rest = b""  # the start of a line not yet ended
+        rest: list[
+            bytes
+        ] = []  # the start of a line not yet ended (in pieces: a long line is not copied per block)
         skip_lf = False  # the last block ended in CR: a LF starting the next ends nothing
         try:
             async for block in blocks:
                 if skip_lf and block.startswith(b"\n"):
                     block = block[1:]
+                if b"\n" not in block and b"\r" not in block:
+                    skip_lf = False
+                    if block:
+                        rest.append(block)
+                    continue
                 skip_lf = block.endswith(b"\r")
-                lines = (rest + block).splitlines()
+                if rest:
+                    rest.append(block)
+                    block = b"".join(rest)
+                    rest.clear()
+                lines = block.splitlines()
                 # splitlines drops a final line ending: the last piece is whole only after one.
-                rest = b"" if block.endswith((b"\n", b"\r")) else lines.pop() if lines else b""
+                if not block.endswith((b"\n", b"\r")):
+                    rest.append(lines.pop())
                 for line in lines:
                     if line:
                         if line.startswith(b"data:"):
@@ -208,7 +249,7 @@ async def _drain(response: Any, blocks: AsyncIterator[bytes]) -> None:
     with contextlib.suppress(TimeoutError, *request_exceptions()):
         async with asyncio.timeout(DRAIN_SECONDS):
             async for _ in blocks:
-                pass
+                await asyncio.sleep(0)  # the deadline holds for a transport with the data at hand
 
 
 def _stream_error(error: Any, response: Any) -> openai.APIError:

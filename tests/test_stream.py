@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
@@ -625,6 +626,41 @@ async def test_a_model_call_marks_its_first_batch_only(monkeypatch: pytest.Monke
         (EVENTS_TOPIC, {"type": "agent_start"}),
         (EVENTS_TOPIC, {"type": "agent_start"}),
     ]
+
+
+async def test_progress_first_published_from_outside_the_activity_context_is_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A blocking tool reporting progress from its executor thread
+    (``loop.call_soon_threadsafe``): the flush loop starts there, outside
+    the activity's context, and the stream client it makes then is still
+    the activity's run's (it failed the activity, after the tool had run)."""
+    fake = FakeStreamClient()
+    runs: list[str | None] = []
+
+    def stream_client() -> FakeStreamClient:
+        runs.append(activity.info().workflow_run_id)  # raises outside an activity
+        return fake
+
+    monkeypatch.setattr(events_module, "run_stream_client", stream_client)
+
+    async def tool() -> int:
+        loop = asyncio.get_running_loop()
+        async with ActivityEventPublisher(batch_ms=5) as events:
+
+            def blocking() -> None:
+                loop.call_soon_threadsafe(
+                    lambda: events.publish_delta({"type": "text_delta", "delta": "50%"}, flush=True)
+                )
+
+            await loop.run_in_executor(None, blocking)
+            await asyncio.sleep(0.2)
+        return events.batches
+
+    env = ActivityEnvironment()
+    assert await env.run(tool) == 1
+    assert runs == [env.info.workflow_run_id]
+    assert [e["assistantMessageEvent"]["delta"] for e in fake.sent] == ["50%"]
 
 
 async def test_a_call_whose_run_has_ended_stops_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
