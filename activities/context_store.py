@@ -78,6 +78,11 @@ class ContextStore:
         part is gone or unreadable (a digest that is not one included)."""
         try:
             manifest = await self._manifest(checked_digest(manifest_digest))
+            cached = [self._cached(d) for d in manifest.segments] if not manifest.messages else []
+            if cached and all(isinstance(c, list) for c in cached):
+                # This worker wrote or read them all (a conversation staying on
+                # one worker): no task per segment.
+                return manifest, [m for segment in cached for m in segment]
             singles, segments = await asyncio.gather(
                 asyncio.gather(*(self._message(d) for d in manifest.messages)),
                 asyncio.gather(*(self._segment(d) for d in manifest.segments)),

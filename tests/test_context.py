@@ -99,6 +99,28 @@ async def test_a_turn_writes_one_segment_and_old_manifests_still_read(tmp_path: 
     assert isinstance(Manifest.from_json(old_manifest), Manifest)
 
 
+async def test_a_context_this_worker_saved_is_read_from_its_cache(tmp_path: Path) -> None:
+    """A conversation staying on one worker: its segments come from the
+    cache, in order (the files gone makes no difference); a fresh store
+    reads the same messages from the files."""
+    from activities.blobs import FileBlobStore
+    from activities.context_store import ContextStore, Manifest
+    from workflows.models import UserMessage
+
+    store = ContextStore(FileBlobStore(tmp_path))
+    manifest, digest = Manifest(), ""
+    for turn in range(4):
+        digest = await store.save(
+            manifest, [UserMessage(content=f"{turn}-{i}", timestamp=turn) for i in range(2)]
+        )
+        manifest, _ = await store.load(digest)
+    _, fresh = await ContextStore(FileBlobStore(tmp_path)).load(digest)
+    shutil.rmtree(tmp_path)
+    _, cached = await store.load(digest)
+    expected = [f"{turn}-{i}" for turn in range(4) for i in range(2)]
+    assert [m.content for m in cached] == [m.content for m in fresh] == expected
+
+
 def test_the_context_cache_skips_fsync_and_a_torn_blob_reads_as_missing(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
