@@ -34,6 +34,7 @@ from typing import Any
 
 import openai
 
+from activities.model_http import ChatPoster
 from bench import run as bench
 from runtime.connect import connect
 from runtime.settings import Settings
@@ -65,7 +66,7 @@ async def main(runs: int) -> dict[str, Any]:
         )
         for name, settings in VARIANTS.items()
     ]
-    llm = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
+    llm = ChatPoster(openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0))
     base: dict[int, list[float]] = {k: [] for k in ROUNDS}
     durable: dict[tuple[str, int], list[bench.DurableRun]] = {(v, k): [] for v in VARIANTS for k in ROUNDS}
     try:
