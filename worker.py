@@ -138,7 +138,7 @@ def build_worker(
     if settings.sdk_fallbacks:
         logging.info(
             "SDK fallbacks forced on: stock workflow sandbox and payload passes, stream without "
-            "subscriber tracking"
+            "subscriber tracking, model calls through the openai client's post"
         )
     builtin_tools.set_workspace(settings.workspace)
     tool_activities = ToolActivities(

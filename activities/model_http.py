@@ -77,6 +77,10 @@ class ChatPoster:
         self.client = client
         self._template: _Template | None = None
         self.direct = direct and _direct_possible(client)
+        if self.direct:
+            # Now, not in the first call: the client's platform headers read
+            # the platform once (~2 ms), which client.post does in a thread.
+            self._template = _Template.of(client)
 
     async def stream(self, params: dict[str, Any]) -> Chunks:
         """The answer to ``params`` (``stream: true``), its chunks as the JSON the server sent."""
@@ -198,6 +202,8 @@ class ChunkStream:
         skip_lf = False  # the last block ended in CR: a LF starting the next ends nothing
         try:
             async for block in blocks:
+                if not block:
+                    continue  # nothing read (a CR before it may still pair with a LF after)
                 if skip_lf and block.startswith(b"\n"):
                     block = block[1:]
                 if b"\n" not in block and b"\r" not in block:

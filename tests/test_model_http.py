@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from activities.llm import LlmActivities
-from activities.model_http import ChatPoster
+from activities.model_http import ChatPoster, ChunkStream
 from runtime.settings import Settings
 from testbed.scripted_model import ScriptedModelServer
 
@@ -308,6 +308,24 @@ async def assert_same_stream(blocks: list[bytes | Exception]) -> None:
     direct, through_client, _ = posters(handler)
     mine, theirs = await outcome(direct), await outcome(through_client)
     assert mine == theirs
+
+
+async def test_an_empty_read_between_a_cr_and_its_lf_ends_one_line() -> None:
+    """httpx yields no empty block today; a transport that did must not
+    split a CRLF into two line ends (a blank line mid-event)."""
+
+    class Response:
+        http_version = "HTTP/1.1"
+        request = httpx2.Request("POST", "http://model.test/v1/chat/completions")
+
+        async def aiter_bytes(self) -> AsyncIterator[bytes]:
+            for block in (b'data: {"a":\r', b"", b"\ndata: 1}\r\n\r\n", b"data: [DONE]\r\n\r\n"):
+                yield block
+
+        async def aclose(self) -> None:
+            pass
+
+    assert [chunk async for chunk in ChunkStream(Response())] == [{"a": 1}]
 
 
 @direct_only
