@@ -196,9 +196,8 @@ class ChunkStream:
         response = self.response
         blocks = response.aiter_bytes()
         data: list[bytes] = []
-        rest: list[
-            bytes
-        ] = []  # the start of a line not yet ended (in pieces: a long line is not copied per block)
+        # The start of a line not yet ended, in pieces: a long line is not copied per block.
+        rest: list[bytes] = []
         skip_lf = False  # the last block ended in CR: a LF starting the next ends nothing
         try:
             async for block in blocks:
