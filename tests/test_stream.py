@@ -220,7 +220,12 @@ async def test_a_busy_stream_is_read_by_query_and_the_end_still_reaches_the_work
     events = kinds(await handle.fetch_history())
     updates = events.count("WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
     assert queries >= 3
-    assert updates <= 4  # the first polls, and the one telling the workflow the end was read
+    # The first polls and the one telling the workflow the end was read (4),
+    # and on a loaded machine one more: a read that brought no token delta
+    # (the batches split otherwise) is followed by a long poll at once, not by
+    # a cooldown and a query. (With every read an update: 7 a conversation in
+    # the benchmark, and no queries.)
+    assert updates <= 5
     assert "TIMER_FIRED" not in events
 
 
