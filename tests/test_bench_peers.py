@@ -79,3 +79,23 @@ def test_the_spread_of_paired_ratios_is_their_middle_half() -> None:
     # One round gives a median and no spread.
     one = paired_ratios(row[:1], floor)
     assert "spread" not in one and _ratio_cell(one, "dev_server_cpu") == "0.9"
+
+
+def test_a_variant_row_is_the_project_row_with_the_settings_given() -> None:
+    from bench.peers.__main__ import available_rows, parse_variant
+    from bench.peers.project import ProjectRow
+
+    variant = parse_variant(["AGENT_DIRECT_MODEL_POST=off", "TOKIO_WORKER_THREADS=1"])
+    assert variant == {"AGENT_DIRECT_MODEL_POST": "off", "TOKIO_WORKER_THREADS": "1"}
+    rows, _ = available_rows(variant)
+    row = rows["project-variant"]
+    assert isinstance(row, ProjectRow) and row.extra_env == variant
+    project = rows["project"]
+    assert isinstance(project, ProjectRow)
+    assert row.task_queue != project.task_queue  # its own worker
+    assert len(row.task_queue) == len(project.task_queue)  # histories of the same size
+    plain_rows, plain_missing = available_rows()
+    assert "project-variant" not in plain_rows
+    assert "--variant" in plain_missing["project-variant"]
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_variant(["AGENT_DIRECT_MODEL_POST"])

@@ -46,6 +46,7 @@ ROW_KEYS = (
     "project-result",
     "project-local",
     "project-local-result",
+    "project-variant",
     "agents",
     "agents-run",
     "pydantic-ai",
@@ -62,8 +63,10 @@ class Sample:
     stored_bytes: int | None
 
 
-def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
-    """Every row whose packages are installed, by key; the others, with why not."""
+def available_rows(variant: dict[str, str] | None = None) -> tuple[dict[str, Row], dict[str, str]]:
+    """Every row whose packages are installed, by key; the others, with why not.
+    ``variant``: the settings of the ``project-variant`` row's worker (without
+    them the row is not offered)."""
     from bench.peers.floor.starter import FloorRow
     from bench.peers.project import BaselineRow, ProjectRow
 
@@ -85,6 +88,16 @@ def available_rows() -> tuple[dict[str, Row], dict[str, str]]:
         ),
     }
     missing: dict[str, str] = {}
+    if variant:
+        changes = " ".join(f"{k}={v}" for k, v in variant.items())
+        rows["project-variant"] = ProjectRow(
+            # A task queue named as long as the project row's: the same history bytes.
+            name=f"project, {changes}"[:28],
+            extra_env=variant,
+            task_queue="peers-variant",
+        )
+    else:
+        missing["project-variant"] = "no --variant given"
     try:
         from bench.peers.agents_sdk.starter import AgentsSdkRow, AgentsSdkUnstreamedRow
 
@@ -132,13 +145,15 @@ def _tree_bytes(root: Path | None) -> int | None:
     return sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root.exists() else 0
 
 
-async def main(runs: int, rounds: int, keys: list[str]) -> dict[str, Any]:
+async def main(
+    runs: int, rounds: int, keys: list[str], variant: dict[str, str] | None = None
+) -> dict[str, Any]:
     started = time.monotonic()
     DATA.mkdir(parents=True, exist_ok=True)
     from bench.run import fresh_payload_store  # imports the project, as this project's row does
 
     fresh_payload_store()
-    rows, missing = available_rows()
+    rows, missing = available_rows(variant)
     rows = {key: rows[key] for key in keys if key in rows}
     dev = DevServer(log_path=DATA / "server.log").start()
     try:
@@ -263,6 +278,17 @@ def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: 
     return out
 
 
+def parse_variant(items: list[str]) -> dict[str, str]:
+    """``--variant NAME=VALUE`` arguments as the settings they name."""
+    variant: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--variant {item!r}: expected NAME=VALUE")
+        variant[name.strip()] = value
+    return variant
+
+
 def print_table(summary: dict[str, Any]) -> None:
     print(f"K={summary['rounds']} rounds of two parallel tool calls, medians of {summary['runs']} runs")
     print(
@@ -313,13 +339,32 @@ if __name__ == "__main__":
     )
     parser.add_argument("--runs", type=int, default=5, help="measured rounds (after one warm-up round)")
     parser.add_argument("--rounds", type=int, default=20, help="K: tool rounds per conversation")
-    parser.add_argument("--rows", default=",".join(ROW_KEYS), help=f"a subset of {','.join(ROW_KEYS)}")
+    parser.add_argument(
+        "--rows",
+        default=",".join(key for key in ROW_KEYS if key != "project-variant"),
+        help=f"a subset of {','.join(ROW_KEYS)}",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the project-variant row's worker (repeatable): the project's row with one "
+        "change, measured side by side with it, e.g. --variant AGENT_DIRECT_MODEL_POST=off "
+        "--rows floor,project,project-variant",
+    )
     args = parser.parse_args()
+    try:
+        variant = parse_variant(args.variant)
+    except ValueError as err:
+        parser.error(str(err))
     keys = [key.strip() for key in args.rows.split(",") if key.strip()]
     unknown = sorted(set(keys) - set(ROW_KEYS))
     if unknown:
         parser.error(f"unknown rows {unknown}: choose from {', '.join(ROW_KEYS)}")
-    result = asyncio.run(main(args.runs, args.rounds, keys))
+    if "project-variant" in keys and not variant:
+        parser.error("the project-variant row needs --variant NAME=VALUE")
+    result = asyncio.run(main(args.runs, args.rounds, keys, variant))
     print_table(result)
     print(json.dumps(result, indent=2))
     sys.stdout.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -41,6 +41,8 @@ class ProjectRow(Row):
     (one update waits for it), so it sees the end a long poll after it was
     published."""
     task_queue: str = TASK_QUEUE
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Settings of its worker over the stack's (``--variant``: one change measured side by side)."""
 
     async def start(self, stack: Stack) -> None:
         # The worker refuses a payload store inside the tools' workspace (by
@@ -52,6 +54,7 @@ class ProjectRow(Row):
             "TEMPORAL_TASK_QUEUE": self.task_queue,
             "AGENT_WORKSPACE": str(workspace),
             "AGENT_LOCAL_TOOLS": self.local_tools,
+            **self.extra_env,
         }
         self.payload_store = Path(env["AGENT_STORAGE_DIR"])
         self.workers = [start_worker(env, log_path=stack.data / f"worker-{self.task_queue}.log")]
