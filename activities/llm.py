@@ -37,6 +37,7 @@ from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
 from activities.model_http import ChatPoster, Chunks
 from activities.openai_chat import (
+    ConversionMemo,
     StreamAssembler,
     completion_as_chunk,
     default_convert_to_llm,
@@ -90,6 +91,8 @@ class LlmActivities:
         self._base_url = base_url
         self._transform_context = transform_context
         self._convert_to_llm = convert_to_llm or default_convert_to_llm
+        # Hooks of one's own may build or change messages: converted afresh each call.
+        self._memo = ConversionMemo() if transform_context is None and convert_to_llm is None else None
         self._read_timeout = read_timeout
         self._context = context_store
         self._tools = tools
@@ -225,7 +228,7 @@ class LlmActivities:
                 type="ContextHookFailed",
                 non_retryable=True,
             ) from None
-        sent = to_openai_messages(request.system_prompt, messages)
+        sent = to_openai_messages(request.system_prompt, messages, self._memo)
         if not sent:  # a model server refuses an empty list (400)
             raise ApplicationError(
                 "Nothing to send to the model: the context holds no message a model reads (only "

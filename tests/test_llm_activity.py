@@ -573,3 +573,91 @@ def test_calls_without_index_sharing_one_id_stay_apart() -> None:
         ("call_0_2", "g", {"b": 2}),
     ]
     assert errors == {}
+
+
+def _transcripts() -> list[list[Any]]:
+    """Transcripts exercising every conversion rule, sharing message objects."""
+    user, steer = UserMessage(content="go", timestamp=0), UserMessage(content="steer", timestamp=0)
+    empty = UserMessage(content=[], timestamp=0)
+    batch = [_turn("a", "b"), _result("a", image=True), _result("b")]
+    failed = _turn("c", stop_reason="error")
+    thinking = AssistantMessage(
+        content=[
+            ThinkingContent(thinking="hmm", thinking_signature="reasoning_content"),
+            TextContent(text="x"),
+        ]
+    )
+    return [
+        [user, *batch, steer],
+        [user, failed, _result("c"), *batch, empty, thinking],
+        [user, batch[0], steer, batch[2], thinking],  # a call left without its result, a stray one
+        [steer, *batch[1:], user, *batch],  # the same results before their call (stray), then answered
+    ]
+
+
+def test_converting_with_a_memo_sends_what_converting_afresh_sends() -> None:
+    """The model activity keeps what each message converted to (a stored
+    context is the same objects every call): the requests are the same as
+    converting every message each time, and a message that is gone leaves
+    nothing behind."""
+    import gc
+
+    from activities.openai_chat import ConversionMemo
+
+    memo = ConversionMemo()
+    transcripts = _transcripts()
+    for _ in range(2):  # the second pass is all memo hits
+        for messages in transcripts:
+            assert to_openai_messages("sys", messages, memo) == to_openai_messages("sys", messages)
+    assert len(memo) > 0
+    del transcripts, messages
+    gc.collect()
+    assert len(memo) == 0
+
+
+async def test_a_context_hook_that_changes_messages_in_place_is_sent_what_it_changed() -> None:
+    """With context hooks of one's own, messages are converted afresh each
+    call: a hook may edit them in place (pruning old tool output), and the
+    model must see the edit, not what the message said on an earlier call."""
+    from aiohttp import web
+
+    from tests.support.serving import serving
+
+    sent: list[str] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        sent.append(body["messages"][-1]["content"])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in (
+            {
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}
+                ]
+            },
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ):
+            chunk["object"] = "chat.completion.chunk"
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    calls = 0
+
+    def edit_in_place(messages: list[Any]) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        messages[-1].content = f"edit {calls}"
+        return messages
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    request = LlmRequest(model="m", messages=[UserMessage(content="hi", timestamp=0)], turn=1)
+    async with serving(app) as url:
+        for hook in (edit_in_place, None):
+            llm = LlmActivities(api_key="k", base_url=f"{url}/v1", transform_context=hook)
+            for _ in range(2):
+                await ActivityEnvironment().run(llm.stream_assistant_response, request)
+    # The default hooks leave the message as the last edit made it.
+    assert sent == ["edit 1", "edit 2", "edit 2", "edit 2"]
