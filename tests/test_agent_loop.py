@@ -175,6 +175,51 @@ async def test_abort_during_tools_ends_without_calling_the_model_again() -> None
     assert {r.tool_call_id for r in results} == {"a1", "a2"}, "no tool call without a result"
 
 
+async def test_after_an_abort_every_unfinished_call_is_aborted_whatever_else_is_wrong_with_it() -> None:
+    """SPEC 6: every unfinished call gets "Tool execution aborted". In
+    sequential mode the calls after the running one are prepared after the
+    abort; an unknown tool or arguments that are not JSON got their own
+    error ("Tool nope not found") instead (found by a contract audit)."""
+    fake = agent(
+        calls(
+            ("a1", "stop", {"text": "x"}),
+            ("u1", "nope", {}),
+            ("j1", "echo", {}),
+            ("v1", "echo", {"wrong": 1}),
+            ("e1", "echo", {"text": "x"}),
+        ),
+        say("never"),
+    )
+    fake.tool_execution = "sequential"
+
+    async def abort_while_running(args: dict[str, Any]) -> str:
+        fake.aborted = True
+        return "stopped"
+
+    fake.tool("stop", abort_while_running)
+    context = fake.context()
+    config = fake.config()
+    original = config.stream_assistant_response
+
+    async def with_parse_error(ctx: Any) -> Any:
+        answer = await original(ctx)
+        answer.argument_errors = {"j1": "Unterminated string"}
+        return answer
+
+    config.stream_assistant_response = with_parse_error
+    await run_agent_loop([user("go")], context, config)
+    results = {m.tool_call_id: m.content[0].text for m in context.messages if m.role == "toolResult"}
+    assert results == {
+        "a1": "stopped",
+        "u1": "Tool execution aborted",
+        "j1": "Tool execution aborted",
+        "v1": "Tool execution aborted",
+        "e1": "Tool execution aborted",
+    }
+    assert roles(context.messages)[-1] == "assistant:aborted"
+    assert len(fake.model_contexts) == 1
+
+
 async def test_unknown_tool_bad_json_and_invalid_arguments_are_immediate_errors() -> None:
     fake = agent(calls(("u1", "nope", {}), ("v1", "echo", {"wrong": 1}), ("j1", "echo", {})), say("fix"))
     context = fake.context()

@@ -392,14 +392,16 @@ async def prepare_tool_call(
 async def _prepare(
     context: AgentContext, config: LoopConfig, message: AssistantMessage, call: ToolCall
 ) -> PreparedToolCall | ToolOutcome:
+    if config.is_aborted():
+        # SPEC 6: every unfinished call, whatever else is wrong with it (an
+        # unknown tool, arguments that are not JSON).
+        return error_outcome(ABORTED_TEXT)
     tool = context.tools.get(call.name)
     if tool is None:
         return error_outcome(f"Tool {call.name} not found")
     parse_error = context.argument_errors.get(call.id)
     if parse_error is not None:
         return error_outcome(f"The arguments of tool {call.name} are not valid JSON: {parse_error}")
-    if config.is_aborted():
-        return error_outcome(ABORTED_TEXT)
     try:
         args = validate_tool_arguments(tool, config.prepare_arguments(call))
         decision = await _maybe_await(
