@@ -335,3 +335,41 @@ async def test_an_abort_with_stop_after_turn_still_ends_the_run_aborted(stack: S
     assert idle["messages"][-1]["role"] == "assistant" and idle["messages"][-1]["stopReason"] == "aborted"
     assert (await handle.query("state"))["errorMessage"] == "Request was aborted"
     await handle.signal("close")
+
+
+async def test_state_at_the_start_names_the_workers_tools_before_they_are_recorded(
+    client: Client, worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first workflow task records the worker's tool declarations (a
+    local activity); a `state` query answered meanwhile said `tools: []`, as
+    if the conversation had none (found by a contract audit: 2 starts in 10).
+    It names the tools the worker declares, which is what gets recorded."""
+    import uuid
+
+    from temporalio import activity
+
+    from activities.session import SessionActivities
+    from runtime.settings import Settings
+    from worker import build_worker
+
+    recorded = asyncio.Event()
+
+    @activity.defn(name="session_defaults")
+    async def slow_defaults(self: Any) -> Any:
+        await asyncio.sleep(1.0)  # the window, made wide
+        recorded.set()
+        return self._defaults
+
+    monkeypatch.setattr(SessionActivities, "session_defaults", slow_defaults)
+    queue = f"agent-state-start-{uuid.uuid4().hex[:6]}"
+    async with build_worker(client, Settings.from_env(worker_env, task_queue=queue)):
+        handle = await client.start_workflow(
+            "AgentWorkflow", {"model": "m"}, id=f"state-start-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        early = await handle.query("state", result_type=dict)
+        assert not recorded.is_set(), "the query came after the tools were recorded: no window tested"
+        await recorded.wait()
+        await asyncio.sleep(0.3)
+        later = await handle.query("state", result_type=dict)
+        assert later["tools"] and early["tools"] == later["tools"]
+        await handle.signal("close")

@@ -908,7 +908,13 @@ class AgentWorkflow:
 
     @workflow.query(name="state")
     def state(self, *args: Any) -> SessionState:
-        return self._session.state(self._stream.offset(), self._streaming_message())
+        # Asked before the first task recorded the worker's declarations (a
+        # query right after the start): the tools are those this worker
+        # declares, which is what it records, not none. A query writes no
+        # history, so reading the worker's here changes no replay.
+        return self._session.state(
+            self._stream.offset(), self._streaming_message(), self._bindings.legacy_tools
+        )
 
     @workflow.query(name="messages")
     def messages(self, *args: Any) -> list[AgentMessage]:

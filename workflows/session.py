@@ -8,7 +8,7 @@ events), and asks it what to do with each signal and update.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,9 +116,13 @@ class Session:
             return "awaiting-approval"
         return "running" if self.is_busy() else "idle"
 
-    def enabled_tools(self) -> dict[str, ToolDeclaration]:
-        """The tools the model may call now (the settings' names, or all declared)."""
-        declared = self.declared or {}
+    def enabled_tools(
+        self, declared_before: Mapping[str, ToolDeclaration] | None = None
+    ) -> dict[str, ToolDeclaration]:
+        """The tools the model may call now (the settings' names, or all
+        declared). ``declared_before``: what to take for the declarations
+        while they are not recorded yet (a query at the start)."""
+        declared = self.declared if self.declared is not None else (declared_before or {})
         names = self.settings.tools if self.settings.tools is not None else sorted(declared)
         return {n: declared[n] for n in names if n in declared}
 
@@ -268,12 +272,14 @@ class Session:
         self.follow_up.mode = self.settings.follow_up_mode
         return self.settings_in_force()
 
-    def settings_in_force(self) -> SettingsInForce:
+    def settings_in_force(
+        self, declared_before: Mapping[str, ToolDeclaration] | None = None
+    ) -> SettingsInForce:
         """The settings now in force (``tools``: the names the model may call)."""
         settings = SettingsInForce.model_validate(
             self.settings.model_dump(include=set(AgentSettings.model_fields))
         )
-        settings.tools = list(self.enabled_tools())
+        settings.tools = list(self.enabled_tools(declared_before))
         return settings
 
     def clear_queues(self, which: QueueSelector) -> list[AgentMessage]:
@@ -316,10 +322,15 @@ class Session:
 
     # --- views --------------------------------------------------------------------------
 
-    def state(self, event_offset: int, streaming_message: AssistantMessage | None) -> SessionState:
+    def state(
+        self,
+        event_offset: int,
+        streaming_message: AssistantMessage | None,
+        declared_before: Mapping[str, ToolDeclaration] | None = None,
+    ) -> SessionState:
         return SessionState.model_validate(
             {
-                **self.settings_in_force().model_dump(),
+                **self.settings_in_force(declared_before).model_dump(),
                 "status": self.status(),
                 "isStreaming": self.run is not None,
                 "streamingMessage": streaming_message,
