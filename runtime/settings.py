@@ -75,6 +75,8 @@ class Settings:
     direct_model_post: bool = True
     sdk_fallbacks: bool = False
     max_concurrent_activities: int = 200
+    core_threads: int | None = None
+    """AGENT_CORE_THREADS: threads of the SDK's Rust core (None: unset; see ``worker.set_core_threads``)."""
     shutdown_grace: float = 5.0
     log_level: str = "INFO"
     metrics_port: int | None = None
@@ -131,6 +133,11 @@ class Settings:
             direct_model_post=(text("AGENT_DIRECT_MODEL_POST", "on") or "on").lower() != "off",
             sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
+            core_threads=(
+                int(_number(env, "AGENT_CORE_THREADS", 1, whole=True, positive=True, maximum=256))
+                if text("AGENT_CORE_THREADS")
+                else None
+            ),
             shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0, maximum=86_400),
             log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
             metrics_port=_port(env, "AGENT_METRICS_PORT"),

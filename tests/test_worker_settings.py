@@ -158,3 +158,40 @@ def test_a_worker_logs_what_every_worker_on_its_queue_must_share() -> None:
     assert "calculator" in line.split("; ")[0]
     assert line.endswith("; payload store: /srv/agent/payloads; encryption keys: k2, k1")
     assert key not in line
+
+
+def test_the_cores_threads_are_agent_core_threads_else_tokios_own_setting_else_one() -> None:
+    from worker import set_core_threads
+
+    environ: dict[str, str] = {}
+    assert set_core_threads(Settings.from_env({}), environ) == "1"
+    assert environ == {"TOKIO_WORKER_THREADS": "1"}
+    assert set_core_threads(Settings.from_env({}), {"TOKIO_WORKER_THREADS": "4"}) == "4"
+    chosen = Settings.from_env({"AGENT_CORE_THREADS": "3"})
+    assert set_core_threads(chosen, {"TOKIO_WORKER_THREADS": "4"}) == "3"
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"AGENT_CORE_THREADS": "0"})
+    assert str(refused.value) == "AGENT_CORE_THREADS must be above 0, got '0'."
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_a_worker_runs_the_sdk_core_on_the_threads_it_is_given(worker_env: dict[str, str]) -> None:
+    """The setting reaches the SDK's Rust runtime (its threads are named
+    tokio-rt-worker): a worker started with AGENT_CORE_THREADS=4 has three
+    more of them than one started with the default."""
+    import uuid
+
+    from testbed.local_stack import start_worker, stop_process
+
+    def core_threads(extra: dict[str, str]) -> int:
+        env = {**worker_env, "TEMPORAL_TASK_QUEUE": f"threads-{uuid.uuid4().hex[:6]}", **extra}
+        process = start_worker(env)
+        try:
+            names = [
+                (task / "comm").read_text().strip() for task in Path(f"/proc/{process.pid}/task").iterdir()
+            ]
+        finally:
+            stop_process(process)
+        return names.count("tokio-rt-worker")
+
+    assert core_threads({"AGENT_CORE_THREADS": "4"}) - core_threads({}) == 3
