@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -110,6 +110,7 @@ class ConversationNotFound(Refused):
 
 # How ``ConversationNotFound`` says a conversation ended other than by completing.
 _ENDINGS = {
+    WorkflowExecutionStatus.COMPLETED: "was closed",  # only `close` or closeWhenIdle complete it
     WorkflowExecutionStatus.TERMINATED: "was terminated",
     WorkflowExecutionStatus.TIMED_OUT: "timed out (its execution timeout)",
     WorkflowExecutionStatus.CANCELED: "was cancelled",
@@ -257,11 +258,13 @@ class Conversation:
         async with self._refusals():
             return await self._update("continue", result_type=PromptResult)
 
-    async def run_events(self, started: PromptResult) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    async def run_events(
+        self, started: PromptResult, *, on_skipped: Callable[[int, int], None] | None = None
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(offset, event)`` of the run ``started`` names, up to and
         including its ``agent_end`` (fewer when the conversation ends first).
         Runs never overlap, so the first ``agent_end`` from its offset is its own."""
-        async for offset, event in self.events(started.event_offset):
+        async for offset, event in self.events(started.event_offset, on_skipped=on_skipped):
             yield offset, event
             if event.get("type") == "agent_end" and isinstance(event.get("messages"), list):
                 return
@@ -409,12 +412,19 @@ class Conversation:
     # --- events -----------------------------------------------------------------------------
 
     async def events(
-        self, from_offset: int = 0, *, cooldown_ms: int = 200
+        self,
+        from_offset: int = 0,
+        *,
+        cooldown_ms: int = 200,
+        on_skipped: Callable[[int, int], None] | None = None,
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
-        conversation ends; see ``follow``."""
+        conversation ends; ``on_skipped(first, next)`` when events from
+        ``first`` were no longer kept; see ``follow``."""
         async with self._refusals():
-            async for item in follow(self.client, self.id, from_offset, cooldown_ms=cooldown_ms):
+            async for item in follow(
+                self.client, self.id, from_offset, cooldown_ms=cooldown_ms, on_skipped=on_skipped
+            ):
                 yield item
 
     @asynccontextmanager
@@ -661,7 +671,12 @@ def _event_of(converter: Any, data: str) -> dict[str, Any] | None:
 
 
 async def follow(
-    client: Client, workflow_id: str, from_offset: int = 0, *, cooldown_ms: int = 200
+    client: Client,
+    workflow_id: str,
+    from_offset: int = 0,
+    *,
+    cooldown_ms: int = 200,
+    on_skipped: Callable[[int, int], None] | None = None,
 ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
     """Yield ``(offset, event)`` from ``from_offset`` on, across continue-as-new,
     until the workflow completes (then the retained events are drained first).
@@ -680,13 +695,24 @@ async def follow(
     A poll that fails transiently (see ``_TRANSIENT``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after
     ``MAX_RETRIES`` failures in a row the error is raised.
+
+    Events the conversation no longer keeps cannot be read: those before
+    the oldest kept (a long conversation carries its latest events across
+    continue-as-new, at most 4 MB of them), also when a reader fell that
+    far behind while reading. The offsets then jump: ``on_skipped(first,
+    next)`` is called before the event at ``next`` with the first offset
+    not read, so a reader can say so.
     """
     reader = _EventReader(client, workflow_id, from_offset, cooldown_ms)
     failures = 0
+    expected = from_offset
     while True:
         try:
             async for item in reader.items():
                 failures = 0
+                if item[0] > expected and on_skipped is not None:
+                    on_skipped(expected, item[0])
+                expected = item[0] + 1
                 yield item
             return
         except RPCError as err:

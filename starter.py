@@ -39,7 +39,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from client import AgentMessage, Conversation, PromptResult, Refused, list_conversations
-from console import EventRenderer, approval_hint, chat, watch
+from console import EventRenderer, approval_hint, chat, skipped_note, watch
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
 
@@ -79,7 +79,8 @@ async def cmd_run(client: Client, settings: Settings, args: argparse.Namespace) 
         **start_options(args),
     )
     print(f"conversation {conversation.id}: {settings.workflow_url(conversation.id)}", file=sys.stderr)
-    code = await _stream_run(conversation, conversation.events())  # the start's prompt is the first run
+    # The start's prompt is the first run.
+    code = await _stream_run(conversation, conversation.events(on_skipped=_say_skipped))
     if code is None:
         await conversation.result()  # the workflow ended without a run: this raises why
         raise UserError("The conversation ended without an answer.")
@@ -101,10 +102,14 @@ async def _started(conversation: Conversation, started: PromptResult, wait: bool
     if not wait:
         print(f"run {started.run} started (events from offset {started.event_offset})")
         return 0
-    code = await _stream_run(conversation, conversation.run_events(started))
+    code = await _stream_run(conversation, conversation.run_events(started, on_skipped=_say_skipped))
     if code is None:
         raise UserError(f"Conversation {conversation.id} ended before run {started.run} did.")
     return code
+
+
+def _say_skipped(first: int, next_offset: int) -> None:
+    print(skipped_note(first, next_offset), file=sys.stderr, flush=True)
 
 
 async def _stream_run(

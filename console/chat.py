@@ -40,7 +40,7 @@ from client import (
     SessionState,
 )
 from console.above_prompt import AbovePromptWriter
-from console.render import EventRenderer
+from console.render import EventRenderer, skipped_note
 from runtime.settings import Settings
 
 HELP = """\
@@ -171,11 +171,14 @@ class ChatSession:
     async def _render_events(self, offset: int) -> str:
         """Render the stream until the conversation ends; never raises."""
         try:
-            async for _, event in self._conversation.events(offset):
+            async for _, event in self._conversation.events(offset, on_skipped=self._skipped):
                 self._observe(event)
         except Exception as err:  # the chat ends with the reason, not a traceback
             return f"The event stream failed: {getattr(err, 'message', None) or err}"
         return _CONVERSATION_ENDED
+
+    def _skipped(self, first: int, next_offset: int) -> None:
+        self._say(skipped_note(first, next_offset))
 
     def _observe(self, event: dict[str, Any]) -> None:
         """Render an event and keep the list of calls waiting for approval."""

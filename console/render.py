@@ -65,6 +65,19 @@ def _safe(value: Any) -> Any:
     return value
 
 
+def skipped_note(first: int, next_offset: int, asked_from: int | None = None) -> str:
+    """What a reader says when events ``first`` to ``next_offset - 1`` were no
+    longer kept (``client.follow``'s ``on_skipped``); ``asked_from``: the
+    offset it was asked to read from, when these are the first events."""
+    if asked_from is not None and first == asked_from:
+        # A long conversation keeps only its latest events across continue-as-new.
+        return f"note: events before offset {next_offset} are no longer kept; reading from {next_offset}."
+    return (
+        f"note: events {first} to {next_offset - 1} are no longer kept (the conversation continued as "
+        f"new and carried only its latest events before they were read); reading from {next_offset}."
+    )
+
+
 def json_line(event: dict[str, Any]) -> str:
     """One event as one line of JSON (``--json`` output); characters a
     terminal would act on are escaped (``\\u009b``), the data unchanged."""

@@ -10,7 +10,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from client import Conversation
-from console.render import EventRenderer, json_line
+from console.render import EventRenderer, json_line, skipped_note
 
 
 async def watch(conversation: Conversation, *, as_json: bool, from_offset: int = 0) -> None:
@@ -18,16 +18,13 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
     Ctrl-C): rendered, or as one JSON object per line with its ``offset``."""
     console = Console()
     renderer = EventRenderer(console)
-    first = True
-    async for offset, event in conversation.events(from_offset):
-        if first and offset > from_offset:
-            # A long conversation keeps only its latest events across continue-as-new.
-            print(
-                f"note: events before offset {offset} are no longer kept; reading from {offset}.",
-                file=sys.stderr,
-                flush=True,
-            )
-        first = False
+
+    def skipped(first: int, next_offset: int) -> None:
+        if not as_json:
+            renderer.end_line()
+        print(skipped_note(first, next_offset, from_offset), file=sys.stderr, flush=True)
+
+    async for offset, event in conversation.events(from_offset, on_skipped=skipped):
         if as_json:
             print(json_line({"offset": offset, **event}), flush=True)
         else:
@@ -40,6 +37,8 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
 
 
 _ENDINGS: dict[WorkflowExecutionStatus | None, str] = {
+    # Only `close` (or closeWhenIdle) completes a conversation.
+    WorkflowExecutionStatus.COMPLETED: "The conversation was closed.",
     WorkflowExecutionStatus.FAILED: "The conversation failed (its start input was refused, or a worker "
     "could not read it: see the workflow in the Temporal UI).",
     WorkflowExecutionStatus.TERMINATED: "The conversation was terminated.",

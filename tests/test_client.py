@@ -417,7 +417,7 @@ async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
         await missing.state()
     with pytest.raises(ConversationNotFound, match=r"^No conversation has the id test-no-such-conversation"):
         await missing.result()
-    with pytest.raises(ConversationNotFound, match=rf"^Conversation {ended.id} has ended: start a new one"):
+    with pytest.raises(ConversationNotFound, match=rf"^Conversation {ended.id} was closed: start a new one"):
         await ended.steer("anyone there?")
     terminated = await stack.conversation()
     await terminated.handle.terminate("operator")
@@ -495,3 +495,31 @@ async def test_the_servers_update_limit_is_not_waited_out(
     with pytest.raises(RPCError, match="limit on number"):
         await conversation.wait_for_idle()
     assert calls == 1
+
+
+async def test_follow_says_where_events_were_no_longer_kept(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that fell behind while a run continued as new read on from
+    the oldest event carried, and its offsets jumped without a word (a
+    stream audit: 26 tool calls never got a result). ``on_skipped`` says
+    which were not read; offsets in a row call nothing."""
+    from client import _EventReader, follow
+
+    async def items(self: Any) -> Any:
+        for offset in (3, 4, 9, 10):
+            yield offset, {"type": "turn_end"}
+
+    monkeypatch.setattr(_EventReader, "items", items)
+    skipped: list[tuple[int, int]] = []
+    read = [
+        offset
+        async for offset, _ in follow(stack.client, "gone", 0, on_skipped=lambda a, b: skipped.append((a, b)))
+    ]
+    assert read == [3, 4, 9, 10]
+    assert skipped == [(0, 3), (5, 9)]
+    skipped.clear()
+    assert [
+        o async for o, _ in follow(stack.client, "gone", 3, on_skipped=lambda a, b: skipped.append((a, b)))
+    ]
+    assert skipped == [(5, 9)]

@@ -956,18 +956,36 @@ async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.Ca
     from console.watch import watch
 
     class Kept:
+        """Offsets as ``client.follow`` yields them, calling ``on_skipped`` where they jump."""
+
         id = "long"
 
-        async def events(self, from_offset: int) -> Any:
-            for offset in (686, 687):
+        def __init__(self, *offsets: int) -> None:
+            self.offsets = offsets
+
+        async def events(self, from_offset: int, on_skipped: Any = None) -> Any:
+            expected = from_offset
+            for offset in self.offsets:
+                if offset > expected:
+                    on_skipped(expected, offset)
+                expected = offset + 1
                 yield offset, {"type": "turn_end"}
 
-    await watch(Kept(), as_json=True, from_offset=10)  # type: ignore[arg-type]
+    await watch(Kept(686, 687), as_json=True, from_offset=10)  # type: ignore[arg-type]
     out, err = capsys.readouterr()
     assert [json.loads(line)["offset"] for line in out.splitlines()] == [686, 687]
     assert err == "note: events before offset 686 are no longer kept; reading from 686.\n"
-    await watch(Kept(), as_json=True, from_offset=686)  # type: ignore[arg-type]
+    await watch(Kept(686, 687), as_json=True, from_offset=686)  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""
+    # A reader that fell behind while the run continued as new (a stream
+    # audit: 87 events gone, 26 tool calls never got a result, no word).
+    await watch(Kept(128, 216, 217), as_json=True, from_offset=128)  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["offset"] for line in out.splitlines()] == [128, 216, 217]
+    assert err == (
+        "note: events 129 to 215 are no longer kept (the conversation continued as new and carried only "
+        "its latest events before they were read); reading from 216.\n"
+    )
 
 
 def test_watch_refuses_a_negative_offset(capsys: pytest.CaptureFixture[str]) -> None:
@@ -992,3 +1010,10 @@ async def test_watch_says_how_the_conversation_ended(stack: Stack) -> None:
 
     assert code == 0
     assert "before the end" in stdout and "The conversation was terminated." in stdout
+
+    # Closed (`close`, or `closeWhenIdle`) printed "The conversation has ended." (an operations audit).
+    closed = await stack.start()
+    await closed.signal("close")
+    await closed.result()
+    code, stdout = await starter(stack.dev_server, "watch", closed.id)
+    assert code == 0 and "The conversation was closed." in stdout
