@@ -98,6 +98,8 @@ class EventRenderer:
         self._streaming = False  # the current assistant message was seen from its start
         self._streamed = False  # ...and some of it was printed from its deltas
         self._answered = False  # the run has an answer: user messages now are steering
+        # Tool calls whose result this renderer showed (by tool_execution_end, or in a transcript).
+        self._results_shown: set[str] = set()
 
     def render(self, event: dict[str, Any]) -> None:
         """Print one event; types this renderer does not know are ignored,
@@ -127,6 +129,7 @@ class EventRenderer:
                 self._stop_reason(message)
             elif role == "toolResult":
                 self._result(message.get("toolName", "?"), message, bool(message.get("isError")))
+                self._results_shown.add(str(message.get("toolCallId")))
             else:
                 self._custom(message)
             previous = role
@@ -144,6 +147,7 @@ class EventRenderer:
 
     def _on_agent_start(self, event: dict[str, Any]) -> None:
         self._answered = False
+        self._results_shown.clear()  # call ids are the model's: a later run may reuse one
 
     def _on_message_start(self, event: dict[str, Any]) -> None:
         message = event["message"]
@@ -171,6 +175,11 @@ class EventRenderer:
 
     def _on_message_end(self, event: dict[str, Any]) -> None:
         message = event["message"]
+        if message.get("role") == "toolResult" and str(message.get("toolCallId")) not in self._results_shown:
+            # Its tool_execution_end came before this renderer joined (a chat
+            # re-attached while another call of the batch waited for approval).
+            self._result(message.get("toolName", "?"), message, bool(message.get("isError")))
+            return
         if message.get("role") != "assistant":
             return
         if not self._streamed:
@@ -210,6 +219,7 @@ class EventRenderer:
 
     def _on_tool_execution_end(self, event: dict[str, Any]) -> None:
         self._result(event.get("toolName", "?"), event.get("result"), bool(event.get("isError")))
+        self._results_shown.add(str(event.get("toolCallId")))
 
     def _on_agent_end(self, event: dict[str, Any]) -> None:
         self._note(_summary(event.get("messages", [])))

@@ -193,6 +193,41 @@ def test_renderer_shows_tool_calls_progress_and_error_results() -> None:
     ]
 
 
+def test_a_result_whose_end_came_before_the_renderer_joined_is_shown_with_its_message() -> None:
+    """A chat re-attached while one call of a batch waited for approval
+    never showed the other call's result: its tool_execution_end came
+    before the chat joined, and tool result messages were not shown (an
+    operations audit). It is shown when its message comes; a result shown
+    by its end is not shown twice."""
+
+    def result(call_id: str, name: str, text: str) -> dict[str, Any]:
+        message = {
+            "role": "toolResult",
+            "toolCallId": call_id,
+            "toolName": name,
+            "content": [{"type": "text", "text": text}],
+            "isError": False,
+            "timestamp": 0,
+        }
+        return {"type": "message_end", "message": message}
+
+    joined_waiting = [  # echo (e1) ended before the renderer joined
+        {
+            "type": "tool_execution_end",
+            "toolCallId": "g1",
+            "toolName": "guarded_echo",
+            "result": {"content": [{"type": "text", "text": "approved: GX"}], "details": {}},
+            "isError": False,
+        },
+        result("g1", "guarded_echo", "approved: GX"),
+        result("e1", "echo", "echo: EX"),
+    ]
+    assert render(joined_waiting).splitlines() == [
+        "  ✓ guarded_echo: approved: GX",
+        "  ✓ echo: echo: EX",
+    ]
+
+
 def test_renderer_shows_an_approval_request_whole_and_a_rejection_as_an_error() -> None:
     long = "x" * 200  # longer than a tool call's line: the person decides on all of it
     events: list[dict[str, Any]] = [
