@@ -360,12 +360,27 @@ class Conversation:
     async def state(self) -> SessionState:
         """Status, settings in force, queues, pending approvals, counters, usage."""
         async with self._refusals():
-            return await self.handle.query("state", result_type=SessionState)
+            return await self._query("state", SessionState)  # type: ignore[no-any-return]
 
     async def messages(self) -> list[AgentMessage]:
         """The transcript."""
         async with self._refusals():
-            return await self.handle.query("messages", result_type=list[AgentMessage])
+            return await self._query("messages", list[AgentMessage])  # type: ignore[no-any-return]
+
+    async def _query(self, name: str, result_type: Any) -> Any:
+        """A query, asked again while the server holds one for this
+        conversation already (``RESOURCE_EXHAUSTED`` "consistent query
+        buffer is full": a workflow task is in flight and other clients
+        asked first; seen with several clients polling ``state``)."""
+        failures = 0
+        while True:
+            try:
+                return await self.handle.query(name, result_type=result_type)
+            except RPCError as err:
+                if err.status != RPCStatusCode.RESOURCE_EXHAUSTED or failures >= MAX_RETRIES:
+                    raise
+                await asyncio.sleep(_backoff(failures))
+                failures += 1
 
     async def snapshot(self) -> tuple[SessionState, list[AgentMessage]]:
         """The state and the transcript it describes: ``state.event_offset``

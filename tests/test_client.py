@@ -523,3 +523,35 @@ async def test_follow_says_where_events_were_no_longer_kept(
         o async for o, _ in follow(stack.client, "gone", 3, on_skipped=lambda a, b: skipped.append((a, b)))
     ]
     assert skipped == [(5, 9)]
+
+
+async def test_state_is_asked_again_while_the_servers_query_buffer_is_full(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several clients polling `state`, the server refused one with
+    RESOURCE_EXHAUSTED "consistent query buffer is full" and
+    Conversation.state() raised it raw (an operations audit). It asks
+    again; any other error is the caller's at once."""
+    conversation = await stack.conversation()
+    real = conversation.handle.query
+    refusals = 2
+    asked = 0
+
+    async def busy(name: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal refusals, asked
+        asked += 1
+        if refusals:
+            refusals -= 1
+            raise RPCError("consistent query buffer is full", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
+        return await real(name, *args, **kwargs)
+
+    monkeypatch.setattr(conversation.handle, "query", busy)
+    assert (await conversation.state()).status == "idle" and asked == 3
+
+    async def broken(name: str, *args: Any, **kwargs: Any) -> Any:
+        raise RPCError("permission denied", RPCStatusCode.PERMISSION_DENIED, b"")
+
+    monkeypatch.setattr(conversation.handle, "query", broken)
+    with pytest.raises(RPCError, match="permission denied"):
+        await conversation.state()
+    await conversation.close()
