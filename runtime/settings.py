@@ -20,6 +20,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+MAX_STORAGE_THRESHOLD = 1024 * 1024
+"""The largest AGENT_STORAGE_THRESHOLD_BYTES: Temporal refuses payloads
+above 2 MB, and a workflow task's commands together above 4 MB; payloads
+up to half of one leave room for the rest of a model call's input."""
+
 
 class SettingsError(ValueError):
     """A setting has a value that cannot be used (the message names it)."""
@@ -121,7 +126,17 @@ class Settings:
             workspace=_path(text("AGENT_WORKSPACE"), Path.cwd()),
             storage=text("AGENT_STORAGE", "file") or "file",
             storage_dir=_path(text("AGENT_STORAGE_DIR"), data_dir / "payloads"),
-            storage_threshold=int(_number(env, "AGENT_STORAGE_THRESHOLD_BYTES", 256 * 1024, whole=True)),
+            storage_threshold=int(
+                _number(
+                    env,
+                    "AGENT_STORAGE_THRESHOLD_BYTES",
+                    256 * 1024,
+                    whole=True,
+                    # Temporal refuses a payload above 2 MB: a larger one kept in the
+                    # history jams its workflow task (TMPRL1103) on every attempt.
+                    maximum=MAX_STORAGE_THRESHOLD,
+                )
+            ),
             compress_threshold=_optional_bytes(env, "AGENT_COMPRESS_THRESHOLD_BYTES", 2048),
             max_decompressed_bytes=int(
                 _number(env, "AGENT_MAX_DECOMPRESSED_BYTES", DEFAULT_MAX_DECOMPRESSED_BYTES, whole=True)
@@ -172,6 +187,10 @@ class Settings:
         if self.storage not in ("file", "off") and not self.storage.startswith("s3://"):
             raise SettingsError(
                 f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {self.storage!r}."
+            )
+        if self.storage.startswith("s3://") and not self.storage.removeprefix("s3://").partition("/")[0]:
+            raise SettingsError(
+                f"AGENT_STORAGE={self.storage!r} names no bucket; use s3://bucket or s3://bucket/prefix."
             )
         if self.openai_base_url and not self.openai_base_url.lower().startswith(("http://", "https://")):
             raise SettingsError(
@@ -294,7 +313,8 @@ def _number(
     if positive and value == 0:
         raise SettingsError(f"{name} must be above 0, got {raw!r}.")
     if maximum is not None and value > maximum:
-        raise SettingsError(f"{name} must be at most {maximum:g}, got {raw!r}.")
+        limit = str(int(maximum)) if float(maximum).is_integer() else f"{maximum:g}"
+        raise SettingsError(f"{name} must be at most {limit}, got {raw!r}.")
     return value
 
 

@@ -26,6 +26,11 @@ from tests.support.s3 import denying_s3
         ("AGENT_LLM_READ_TIMEOUT", "nan", "AGENT_LLM_READ_TIMEOUT must be a finite number, got 'nan'."),
         ("AGENT_STORAGE_THRESHOLD_BYTES", "1e999", "AGENT_STORAGE_THRESHOLD_BYTES must be a whole number"),
         ("AGENT_SHUTDOWN_GRACE_SECONDS", "1e308", "AGENT_SHUTDOWN_GRACE_SECONDS must be at most 86400"),
+        # Found by a storage audit: each was taken and failed later (a jammed
+        # workflow task; a client's traceback).
+        ("AGENT_STORAGE_THRESHOLD_BYTES", "5000000", "AGENT_STORAGE_THRESHOLD_BYTES must be at most 1048576"),
+        ("AGENT_STORAGE", "s3://", "AGENT_STORAGE='s3://' names no bucket; use s3://bucket"),
+        ("AGENT_STORAGE", "s3:///prefix", "AGENT_STORAGE='s3:///prefix' names no bucket"),
         ("AGENT_METRICS_PORT", "0", "AGENT_METRICS_PORT must be a port number from 1 to 65535, got 0."),
         ("AGENT_METRICS_PORT", "99999", "AGENT_METRICS_PORT must be a port number from 1 to 65535"),
         ("LOG_LEVEL", "bogus", "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL"),
