@@ -42,6 +42,8 @@ from typing import Any
 
 from temporalio.api.common.v1 import Payload
 
+from runtime.converter import REFUSED, REREAD
+
 SUPPORTED_SDK = "1.35.0"
 
 log = logging.getLogger(__name__)
@@ -205,7 +207,19 @@ async def decode_activation(
         await _bounded(data_converter._external_retrieve_payload_sequence, stored, storage_concurrency_limit)
     if data_converter.payload_codec:
         await _each(data_converter._decode_payload_sequence, targets)
+    if activation.is_replaying:
+        _mark_reread(targets)
     return metrics
+
+
+def _mark_reread(targets: Sequence[_Target]) -> None:
+    """Refused payloads of history this conversation read before: the
+    converter then fails the workflow task with the reason, instead of the
+    replay taking another path (``runtime/converter.py``, ``REREAD``)."""
+    for target in targets:
+        for payload in target.items():
+            if payload.metadata.get("encoding") == REFUSED:
+                payload.metadata[REREAD] = b"1"
 
 
 async def encode_completion(

@@ -345,6 +345,57 @@ async def test_a_conversation_goes_on_after_the_key_is_rotated(
     assert not [e for e in history.events if e.HasField("activity_task_failed_event_attributes")]
 
 
+@pytest.mark.expect_task_failures
+async def test_a_worker_without_a_key_its_history_needs_fails_the_task_naming_it_and_goes_on_with_it(
+    client: Client,
+    dev_server: DevServer,
+    model_server: ScriptedModelServer,
+    encrypted_worker: EncryptedWorker,
+) -> None:
+    """A worker restarted with key a removed too early replayed the
+    conversation into another path: its workflow task failed with a
+    nondeterminism error that hid the reason (a storage audit). It fails
+    with the sentence naming the key, and the conversation goes on once
+    the worker has the key again."""
+    encrypted_worker.start(f"a:{KEY_A}")
+    stack = stack_for(
+        await encrypted_worker.client(dev_server, f"a:{KEY_A}"), encrypted_worker, model_server, dev_server
+    )
+    stack.script({"text": "under a"}, {"text": "after the key came back"})
+    handle = await stack.start(prompt="first")
+    await handle.execute_update("wait_for_idle")
+    encrypted_worker.stop()
+
+    encrypted_worker.start(f"b:{KEY_B}")  # a is gone: the history cannot be read
+    await handle.signal("steer", "second")
+    failure = None
+    for _ in range(100):
+        history = await handle.fetch_history()
+        failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+        if failed:
+            failure = failed[-1].workflow_task_failed_event_attributes.failure
+            break
+        await asyncio.sleep(0.1)
+    assert failure is not None, "no workflow task failed"
+    reader = await encrypted_worker.client(dev_server, f"b:{KEY_B},a:{KEY_A}")  # the failure is encrypted too
+    error: BaseException | None = await reader.data_converter.decode_failure(failure)
+    chain = []
+    while error is not None:
+        chain.append(str(error))
+        error = error.__cause__
+    said = " / ".join(chain)
+    assert "is encrypted with key 'a', which is not among this process's keys" in said, said
+    assert "Nondeterminism" not in said
+    assert (await handle.describe()).status.name == "RUNNING"
+
+    encrypted_worker.stop()
+    encrypted_worker.start(f"b:{KEY_B},a:{KEY_A}")
+    after = reader.get_workflow_handle(handle.id)
+    idle = await asyncio.wait_for(after.execute_update("wait_for_idle"), 60)
+    assert idle["messages"][-1]["content"][0]["text"] == "after the key came back"
+    await after.signal("close")
+
+
 async def test_the_starter_without_the_key_says_so_in_one_line(
     dev_server: DevServer, model_server: ScriptedModelServer, encrypted_worker: EncryptedWorker
 ) -> None:
