@@ -450,6 +450,21 @@ class Conversation:
         except WorkflowUpdateFailedError as err:
             cause = err.cause
             raise Refused(getattr(cause, "message", None) or str(cause)) from err
+        except WorkflowQueryFailedError as err:
+            # A worker could not replay the history to answer (a conversation
+            # that failed because a worker could not read its start input; a
+            # worker without a key the history needs): one line, not a traceback.
+            detail = " ".join(str(err.message).split())[:300]
+            try:
+                status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
+            except RPCError:
+                status = None
+            where = (
+                f"{self.id} {await self._how_it_ended()}"
+                if status not in (None, WorkflowExecutionStatus.RUNNING)
+                else self.id
+            )
+            raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise

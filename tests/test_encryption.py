@@ -24,7 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.blobs import BlobMissing, FileBlobStore, digest_of
 from activities.context_store import ContextStore, Manifest
-from client import Conversation, ConversationNotFound
+from client import Conversation, ConversationNotFound, Refused
 from runtime.connect import connect
 from runtime.encryption import ENCRYPTED, KEY_ID, Keyring
 from runtime.payloads import data_converter
@@ -459,3 +459,30 @@ async def test_a_failed_conversation_tells_its_reason_through_the_client(
     ), ended.value
     assert str(ended.value).endswith(f"(python starter.py fork {handle.id} --at N).")
     assert (await chat.state()).status == "closed"
+
+
+async def test_the_state_of_a_conversation_no_worker_can_replay_is_one_sentence(
+    client: Client, dev_server: DevServer, encrypted_worker: EncryptedWorker
+) -> None:
+    """A conversation that failed because its worker could not read its start
+    input cannot be replayed to answer a query: `state` and `messages` raised
+    WorkflowQueryFailedError ("Expected workflow input. This is a Python SDK
+    bug.") and starter.py printed a traceback (a storage audit)."""
+    encrypted_worker.start(f"b:{KEY_B}")
+    # The client writes under a and reads what the worker writes under b.
+    keyed = await encrypted_worker.client(dev_server, f"a:{KEY_A},b:{KEY_B}")
+    handle = await keyed.start_workflow(
+        "AgentWorkflow",
+        {"prompt": "hi"},
+        id=f"enc-unread-{uuid.uuid4().hex[:8]}",
+        task_queue=encrypted_worker.env["TEMPORAL_TASK_QUEUE"],
+    )
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(handle.result(), 30)
+    chat = Conversation.attach(keyed, handle.id)
+    for read in (chat.state, chat.messages):
+        with pytest.raises(Refused) as refused:
+            await read()
+        said = str(refused.value)
+        assert said.startswith(f"Conversation {handle.id} failed (A payload is encrypted with key 'a'"), said
+        assert "a worker could not read its state: " in said and "\n" not in said
