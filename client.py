@@ -464,6 +464,8 @@ class Conversation:
                 if status not in (None, WorkflowExecutionStatus.RUNNING)
                 else self.id
             )
+            if detail == "Encoded failure":  # encrypted by the worker: its log has the sentence
+                detail = "the worker's log says why"
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
