@@ -116,6 +116,18 @@ _ENDINGS = {
     WorkflowExecutionStatus.CANCELED: "was cancelled",
 }
 _ENDING_TIMEOUT = timedelta(seconds=5)
+_ENCODED = "Encoded failure"
+
+
+def _readable(message: str) -> str:
+    """A failure's message, or what to do when it is still encrypted (this
+    client lacks the key the worker wrote it with; it said only "Encoded
+    failure", found by a storage audit)."""
+    if message != _ENCODED:
+        return message
+    return (
+        "a reason encrypted with a key this client does not have (give it the workers' AGENT_ENCRYPTION_KEYS)"
+    )
 
 
 class ConversationExists(Refused):
@@ -449,7 +461,10 @@ class Conversation:
             yield
         except WorkflowUpdateFailedError as err:
             cause = err.cause
-            raise Refused(getattr(cause, "message", None) or str(cause)) from err
+            message = getattr(cause, "message", None) or str(cause)
+            if message == _ENCODED:
+                message = f"Refused, for {_readable(message)}."
+            raise Refused(message) from err
         except WorkflowQueryFailedError as err:
             # A worker could not replay the history to answer (a conversation
             # that failed because a worker could not read its start input; a
@@ -464,7 +479,7 @@ class Conversation:
                 if status not in (None, WorkflowExecutionStatus.RUNNING)
                 else self.id
             )
-            if detail == "Encoded failure":  # encrypted by the worker: its log has the sentence
+            if detail == _ENCODED:  # encrypted by the worker: its log has the sentence
                 detail = "the worker's log says why"
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
@@ -489,7 +504,7 @@ class Conversation:
                 try:
                     await self.handle.result(follow_runs=False, rpc_timeout=_ENDING_TIMEOUT)
                 except WorkflowFailureError as failed:
-                    reason = getattr(failed.cause, "message", None) or str(failed.cause)
+                    reason = _readable(getattr(failed.cause, "message", None) or str(failed.cause))
                     return f"failed ({reason.rstrip('.')})"
         except Exception:  # the sentence without its detail
             return "has ended"

@@ -486,3 +486,27 @@ async def test_the_state_of_a_conversation_no_worker_can_replay_is_one_sentence(
         said = str(refused.value)
         assert said.startswith(f"Conversation {handle.id} failed (A payload is encrypted with key 'a'"), said
         assert "a worker could not read its state: " in said and "\n" not in said
+
+
+async def test_a_client_with_another_key_is_told_what_to_give_it(
+    dev_server: DevServer, model_server: ScriptedModelServer, encrypted_worker: EncryptedWorker
+) -> None:
+    """A client whose key the workers lack sent a prompt the workflow had
+    to refuse, and the refusal, encrypted by the worker, read only
+    "Encoded failure" (a storage audit)."""
+    encrypted_worker.start(f"b:{KEY_B}")
+    right = await encrypted_worker.client(dev_server, f"b:{KEY_B}")
+    handle = await right.start_workflow(
+        "AgentWorkflow",
+        {"model": "m"},
+        id=f"enc-other-{uuid.uuid4().hex[:8]}",
+        task_queue=encrypted_worker.env["TEMPORAL_TASK_QUEUE"],
+    )
+    other = Conversation.attach(await encrypted_worker.client(dev_server, f"a:{KEY_A}"), handle.id)
+    with pytest.raises(Refused) as refused:
+        await other.prompt("hello", wait=False)
+    assert str(refused.value) == (
+        "Refused, for a reason encrypted with a key this client does not have (give it the workers' "
+        "AGENT_ENCRYPTION_KEYS)."
+    )
+    await handle.signal("close")
