@@ -752,14 +752,13 @@ async def follow(
     """
     reader = _EventReader(client, workflow_id, from_offset, cooldown_ms)
     failures = 0
-    expected = from_offset
     while True:
         try:
             async for item in reader.items():
                 failures = 0
-                if item[0] > expected and on_skipped is not None:
-                    on_skipped(expected, item[0])
-                expected = item[0] + 1
+                skipped, reader.skipped = reader.skipped, None
+                if skipped is not None and on_skipped is not None:
+                    on_skipped(*skipped)
                 yield item
             return
         except RPCError as err:
@@ -813,6 +812,10 @@ class _EventReader:
         self._run_end_wanted = True  # one wait per run (again once one was released for continue-as-new)
         self._converter = client.data_converter.payload_converter
         self.offset = offset  # the next offset to yield
+        # The next offset this reader has not had, kept when a truncated read
+        # sets ``offset`` back to 0; and the events a read found gone since.
+        self._expected = offset
+        self.skipped: tuple[int, int] | None = None
         self._run_id: str | None = None  # the run the last update went to
         self.updates_in_run = 0  # updates this reader sent to that run
 
@@ -823,9 +826,15 @@ class _EventReader:
                 result = await self._read()
                 if result is None:
                     continue  # the read was answered otherwise (continue-as-new, truncation, end)
+                if result.items and result.items[0].offset > self._expected:
+                    # The stream no longer held these (carried across continue-as-new
+                    # only in part): said before the next event (``on_skipped``).
+                    first = self.skipped[0] if self.skipped else self._expected  # one not said yet
+                    self.skipped = (first, result.items[0].offset)
                 decoded = ((item.offset, _event_of(self._converter, item.data)) for item in result.items)
                 batch = [(offset, event) for offset, event in decoded if offset >= self.offset and event]
                 self.offset = max(self.offset, result.next_offset)
+                self._expected = max(self._expected, result.next_offset)
                 queried = self._by_query and self._ended is None  # else a long poll answered
                 run_ended = any(event.get("type") == "agent_end" for _, event in batch)
                 if queried and run_ended:
