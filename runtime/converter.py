@@ -70,21 +70,25 @@ class _DecodeSafeJSONConverter(PydanticJSONPlainPayloadConverter):
 
 REFUSED = b"binary/refused"
 _REASON_CHARS = 500
-REREAD = "reread"
-"""Metadata of a refused payload in a workflow activation that replays
-history (``runtime/payload_walk.py`` sets it): the conversation read it
-before, so this worker lacks what that took (a key removed too early, a
-stored payload gone, a lower decompression limit)."""
 
 
 class PayloadUnreadable(Exception):
     """A payload the conversation's history holds and this worker cannot
-    read now. Not an ``ApplicationError``: the SDK fails the workflow task
-    (retried) with this sentence in its cause, and the conversation goes on
-    once the worker can read it. As an ``ApplicationError`` it failed the
-    replayed workflow where the history went on, and the task failed with a
-    nondeterminism error that hid the reason (found by a storage audit).
-    Not a ``RuntimeError``, which the SDK's converter would rewrap."""
+    read now (a key removed too early, a stored payload gone, a lower
+    decompression limit), raised while decoding a workflow task that
+    replays history (``runtime/payload_walk.py``): the SDK fails the task
+    (retried) with this sentence, and the conversation goes on once the
+    worker can read it. Refused as a value, it failed the replayed workflow
+    (or an accepted update) where the history went on, and the task failed
+    with a nondeterminism error that hid the reason (found by a storage
+    audit)."""
+
+
+def refused_reason(payload: Payload) -> str | None:
+    """The reason of a payload a codec refused (``refused_payload``), else None."""
+    if payload.metadata.get("encoding") != REFUSED:
+        return None
+    return payload.data.decode(errors="replace")[:_REASON_CHARS].rstrip(".")
 
 
 def refused_payload(reason: str) -> Payload:
@@ -113,11 +117,6 @@ class _RefusedPayloadConverter(EncodingPayloadConverter):
 
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         reason = payload.data.decode(errors="replace")[:_REASON_CHARS].rstrip(".")
-        if REREAD in payload.metadata:
-            raise PayloadUnreadable(
-                f"A payload this conversation's history holds {reason} on this worker; "
-                "the conversation goes on once the worker can read it (see the README's Limits)."
-            )
         raise ApplicationError(f"A payload {reason}.", type="PayloadRefused", non_retryable=True)
 
 
@@ -153,7 +152,7 @@ class AgentPayloadConverter(CompositePayloadConverter):
         instead of failing its workflow task forever."""
         try:
             return super().from_payloads(payloads, type_hints)
-        except (ApplicationError, ValidationError, PayloadUnreadable):
+        except (ApplicationError, ValidationError):
             raise  # already a sentence, or a value of the wrong type: the caller's to report
         except Exception as err:
             encodings = sorted({_encoding(p) for p in payloads})

@@ -40,9 +40,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import version
 from typing import Any
 
+from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 
-from runtime.converter import REFUSED, REREAD
+from runtime.converter import REFUSED, PayloadUnreadable, refused_reason
 
 SUPPORTED_SDK = "1.35.0"
 
@@ -207,19 +208,67 @@ async def decode_activation(
         await _bounded(data_converter._external_retrieve_payload_sequence, stored, storage_concurrency_limit)
     if data_converter.payload_codec:
         await _each(data_converter._decode_payload_sequence, targets)
-    if activation.is_replaying:
-        _mark_reread(targets)
+    if activation.is_replaying and any(_refused(p) for t in targets for p in t.items()):
+        refuse_unreadable_history(activation)
     return metrics
 
 
-def _mark_reread(targets: Sequence[_Target]) -> None:
-    """Refused payloads of history this conversation read before: the
-    converter then fails the workflow task with the reason, instead of the
-    replay taking another path (``runtime/converter.py``, ``REREAD``)."""
-    for target in targets:
-        for payload in target.items():
-            if payload.metadata.get("encoding") == REFUSED:
-                payload.metadata[REREAD] = b"1"
+def _refused(payload: Payload) -> bool:
+    return bool(payload.metadata.get("encoding") == REFUSED)
+
+
+def refuse_unreadable_history(activation: Any) -> None:
+    """Raise ``PayloadUnreadable`` for a payload this worker cannot read in
+    a job of a replaying activation: the conversation read it before (a
+    start input or an activity result it could not read failed the
+    workflow then, and an update refused then is not in the history), so
+    this worker lacks what that took. Signals are left to the SDK: one
+    refused on its first read was dropped and is in the history, and a
+    replay drops it again."""
+    for job in activation.jobs:
+        if job.HasField("signal_workflow"):
+            continue
+        reason = _refused_in(job)
+        if reason is not None:
+            raise PayloadUnreadable(
+                f"A payload this conversation's history holds {reason} on this worker; the "
+                "conversation goes on once the worker can read it (README: Running it in production)."
+            )
+
+
+def _refused_in(message: Any) -> str | None:
+    """The reason of the first refused payload in ``message``, at any depth."""
+    if isinstance(message, Payload):
+        return refused_reason(message)
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue  # a scalar
+        if isinstance(value, Message):
+            children: list[Any] = [value]
+        elif callable(getattr(value, "values", None)):
+            children = list(value.values())  # a map
+        else:
+            children = list(value)  # a repeated field
+        for child in children:
+            if isinstance(child, Message):
+                found = _refused_in(child)
+                if found is not None:
+                    return found
+    return None
+
+
+async def _checked_stock_decode(
+    activation: Any, data_converter: Any, decode_headers: bool, storage_concurrency_limit: int
+) -> Any:
+    """The SDK's own passes (``AGENT_PAYLOAD_WALK=off``, the fallbacks),
+    then the same check of a replay's refused payloads (a serialized
+    activation holds the refused encoding's name only when one is there)."""
+    metrics = await _STOCK["decode_activation"](
+        activation, data_converter, decode_headers, storage_concurrency_limit
+    )
+    if activation.is_replaying and REFUSED in activation.SerializeToString():
+        refuse_unreadable_history(activation)
+    return metrics
 
 
 async def encode_completion(
@@ -258,6 +307,6 @@ def install(enabled: bool = True) -> bool:
             )
         return False
     module = _SDK["bridge_worker"]
-    module.decode_activation = decode_activation if enabled else _STOCK["decode_activation"]
+    module.decode_activation = decode_activation if enabled else _checked_stock_decode
     module.encode_completion = encode_completion if enabled else _STOCK["encode_completion"]
     return enabled

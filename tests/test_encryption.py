@@ -346,17 +346,20 @@ async def test_a_conversation_goes_on_after_the_key_is_rotated(
 
 
 @pytest.mark.expect_task_failures
+@pytest.mark.parametrize("walk", ["on", "off"])  # off: the SDK's own payload passes
 async def test_a_worker_without_a_key_its_history_needs_fails_the_task_naming_it_and_goes_on_with_it(
     client: Client,
     dev_server: DevServer,
     model_server: ScriptedModelServer,
     encrypted_worker: EncryptedWorker,
+    walk: str,
 ) -> None:
     """A worker restarted with key a removed too early replayed the
     conversation into another path: its workflow task failed with a
     nondeterminism error that hid the reason (a storage audit). It fails
     with the sentence naming the key, and the conversation goes on once
     the worker has the key again."""
+    encrypted_worker.env["AGENT_PAYLOAD_WALK"] = walk
     encrypted_worker.start(f"a:{KEY_A}")
     stack = stack_for(
         await encrypted_worker.client(dev_server, f"a:{KEY_A}"), encrypted_worker, model_server, dev_server

@@ -326,7 +326,8 @@ async def test_a_failing_store_fails_the_task_as_the_stock_passes_do() -> None:
 def test_install_swaps_the_sdks_functions_and_back() -> None:
     try:
         assert payload_walk.install(False) is False
-        assert bridge_worker.decode_activation is STOCK_DECODE
+        # The SDK's own passes, then the check of a replay's unreadable payloads.
+        assert bridge_worker.decode_activation is payload_walk._checked_stock_decode
         assert bridge_worker.encode_completion is STOCK_ENCODE
         assert payload_walk.install(True) is True
         assert bridge_worker.decode_activation is payload_walk.decode_activation
@@ -364,3 +365,29 @@ async def test_a_stored_payload_on_a_worker_without_storage_fails_the_task_as_th
         copy.CopyFrom(a)
         with pytest.raises(RuntimeError, match="TMPRL1105"):
             await run(copy, without, True, 4)
+
+
+def test_a_replay_fails_on_a_payload_it_read_before_but_drops_a_signal_as_it_did() -> None:
+    """A replaying workflow task that cannot read a payload the history
+    holds fails with the reason (a review: an update's payload was refused
+    as a value, and a nondeterminism error hid why). A signal refused on
+    its first read was dropped then and is dropped again: no failure."""
+    from temporalio.bridge.proto.workflow_activation import (
+        DoUpdate,
+        SignalWorkflow,
+        WorkflowActivation,
+        WorkflowActivationJob,
+    )
+
+    from runtime.converter import PayloadUnreadable, refused_payload
+
+    gone = refused_payload("refers to a stored payload that is gone: ab12")
+    signal = WorkflowActivationJob(signal_workflow=SignalWorkflow(signal_name="steer", input=[gone]))
+    update = WorkflowActivationJob(do_update=DoUpdate(name="prompt", input=[gone]))
+    payload_walk.refuse_unreadable_history(WorkflowActivation(is_replaying=True, jobs=[signal]))
+    with pytest.raises(PayloadUnreadable) as raised:
+        payload_walk.refuse_unreadable_history(WorkflowActivation(is_replaying=True, jobs=[signal, update]))
+    assert str(raised.value).startswith(
+        "A payload this conversation's history holds refers to a stored payload that is gone: "
+        "ab12 on this worker"
+    )
