@@ -91,8 +91,14 @@ class LlmActivities:
         self._base_url = base_url
         self._transform_context = transform_context
         self._convert_to_llm = convert_to_llm or default_convert_to_llm
-        # Hooks of one's own may build or change messages: converted afresh each call.
-        self._memo = ConversionMemo() if transform_context is None and convert_to_llm is None else None
+        # Stored context comes back as the same objects each call; without a store
+        # each call's messages are new (the memo would never hit), and hooks of
+        # one's own may build or change messages: converted afresh each call.
+        self._memo = (
+            ConversionMemo()
+            if context_store is not None and transform_context is None and convert_to_llm is None
+            else None
+        )
         self._read_timeout = read_timeout
         self._context = context_store
         self._tools = tools

@@ -615,12 +615,14 @@ def test_converting_with_a_memo_sends_what_converting_afresh_sends() -> None:
     assert len(memo) == 0
 
 
-async def test_a_context_hook_that_changes_messages_in_place_is_sent_what_it_changed() -> None:
+async def test_a_context_hook_that_changes_messages_in_place_is_sent_what_it_changed(tmp_path: Any) -> None:
     """With context hooks of one's own, messages are converted afresh each
     call: a hook may edit them in place (pruning old tool output), and the
     model must see the edit, not what the message said on an earlier call."""
     from aiohttp import web
 
+    from activities.blobs import FileBlobStore
+    from activities.context_store import ContextStore
     from tests.support.serving import serving
 
     sent: list[str] = []
@@ -656,7 +658,10 @@ async def test_a_context_hook_that_changes_messages_in_place_is_sent_what_it_cha
     request = LlmRequest(model="m", messages=[UserMessage(content="hi", timestamp=0)], turn=1)
     async with serving(app) as url:
         for hook in (edit_in_place, None):
-            llm = LlmActivities(api_key="k", base_url=f"{url}/v1", transform_context=hook)
+            store = ContextStore(FileBlobStore(tmp_path, durable=False))  # the memo's case
+            llm = LlmActivities(
+                api_key="k", base_url=f"{url}/v1", transform_context=hook, context_store=store
+            )
             for _ in range(2):
                 await ActivityEnvironment().run(llm.stream_assistant_response, request)
     # The default hooks leave the message as the last edit made it.
