@@ -218,6 +218,16 @@ def encrypted_worker(
     worker.stop()
 
 
+async def start_on(worker: EncryptedWorker, client: Client, input: dict[str, Any], name: str) -> Any:
+    """An AgentWorkflow with ``input`` on ``worker``'s task queue, started by ``client``."""
+    return await client.start_workflow(
+        "AgentWorkflow",
+        input,
+        id=f"{name}-{uuid.uuid4().hex[:8]}",
+        task_queue=worker.env["TEMPORAL_TASK_QUEUE"],
+    )
+
+
 def stack_for(
     client: Client, worker: EncryptedWorker, model_server: ScriptedModelServer, server: DevServer
 ) -> Stack:
@@ -442,12 +452,7 @@ async def test_a_failed_conversation_tells_its_reason_through_the_client(
     the keys, says why the conversation failed, and `state` says `closed`."""
     encrypted_worker.start(f"a:{KEY_A}")
     keyed = await encrypted_worker.client(dev_server, f"a:{KEY_A}")
-    handle = await keyed.start_workflow(
-        "AgentWorkflow",
-        {"prompt": "hi", "sytemPrompt": "Be brief."},
-        id=f"enc-bad-{uuid.uuid4().hex[:8]}",
-        task_queue=encrypted_worker.env["TEMPORAL_TASK_QUEUE"],
-    )
+    handle = await start_on(encrypted_worker, keyed, {"prompt": "hi", "sytemPrompt": "Be brief."}, "enc-bad")
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(handle.result(), 30)
     history = await client.get_workflow_handle(handle.id).fetch_history()
@@ -474,12 +479,7 @@ async def test_the_state_of_a_conversation_no_worker_can_replay_is_one_sentence(
     encrypted_worker.start(f"b:{KEY_B}")
     # The client writes under a and reads what the worker writes under b.
     keyed = await encrypted_worker.client(dev_server, f"a:{KEY_A},b:{KEY_B}")
-    handle = await keyed.start_workflow(
-        "AgentWorkflow",
-        {"prompt": "hi"},
-        id=f"enc-unread-{uuid.uuid4().hex[:8]}",
-        task_queue=encrypted_worker.env["TEMPORAL_TASK_QUEUE"],
-    )
+    handle = await start_on(encrypted_worker, keyed, {"prompt": "hi"}, "enc-unread")
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(handle.result(), 30)
     chat = Conversation.attach(keyed, handle.id)
@@ -499,12 +499,7 @@ async def test_a_client_with_another_key_is_told_what_to_give_it(
     "Encoded failure" (a storage audit)."""
     encrypted_worker.start(f"b:{KEY_B}")
     right = await encrypted_worker.client(dev_server, f"b:{KEY_B}")
-    handle = await right.start_workflow(
-        "AgentWorkflow",
-        {"model": "m"},
-        id=f"enc-other-{uuid.uuid4().hex[:8]}",
-        task_queue=encrypted_worker.env["TEMPORAL_TASK_QUEUE"],
-    )
+    handle = await start_on(encrypted_worker, right, {"model": "m"}, "enc-other")
     other = Conversation.attach(await encrypted_worker.client(dev_server, f"a:{KEY_A}"), handle.id)
     with pytest.raises(Refused) as refused:
         await other.prompt("hello", wait=False)
