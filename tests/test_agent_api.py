@@ -352,11 +352,13 @@ async def test_state_at_the_start_names_the_workers_tools_before_they_are_record
     from runtime.settings import Settings
     from worker import build_worker
 
-    recorded = asyncio.Event()
+    recorded, release = asyncio.Event(), asyncio.Event()
 
     @activity.defn(name="session_defaults")
     async def slow_defaults(self: Any) -> Any:
-        await asyncio.sleep(1.0)  # the window, made wide
+        # The window held open until the test has asked (a fixed second was
+        # not enough on a loaded CI machine).
+        await asyncio.wait_for(release.wait(), 30)
         recorded.set()
         return self._defaults
 
@@ -367,7 +369,8 @@ async def test_state_at_the_start_names_the_workers_tools_before_they_are_record
             "AgentWorkflow", {"model": "m"}, id=f"state-start-{uuid.uuid4().hex[:8]}", task_queue=queue
         )
         early = await handle.query("state", result_type=dict)
-        assert not recorded.is_set(), "the query came after the tools were recorded: no window tested"
+        assert not recorded.is_set()
+        release.set()
         await recorded.wait()
         await asyncio.sleep(0.3)
         later = await handle.query("state", result_type=dict)

@@ -182,8 +182,10 @@ def test_the_cores_threads_are_agent_core_threads_else_tokios_own_setting_else_o
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
 def test_a_worker_runs_the_sdk_core_on_the_threads_it_is_given(worker_env: dict[str, str]) -> None:
     """The setting reaches the SDK's Rust runtime (its threads are named
-    tokio-rt-worker): a worker started with AGENT_CORE_THREADS=4 has three
-    more of them than one started with the default."""
+    tokio-rt-worker): a worker started with AGENT_CORE_THREADS=8 has seven
+    more of them than one started with the default, give or take the
+    runtime's blocking threads (named alike, made on demand: a CI run saw
+    one more in one worker than in the other)."""
     import uuid
 
     from testbed.local_stack import start_worker, stop_process
@@ -199,4 +201,4 @@ def test_a_worker_runs_the_sdk_core_on_the_threads_it_is_given(worker_env: dict[
             stop_process(process)
         return names.count("tokio-rt-worker")
 
-    assert core_threads({"AGENT_CORE_THREADS": "4"}) - core_threads({}) == 3
+    assert core_threads({"AGENT_CORE_THREADS": "8"}) - core_threads({}) >= 5
