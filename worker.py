@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
@@ -193,30 +195,38 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
     return [name for name in SEARCH_ATTRIBUTES if name not in response.custom_attributes]
 
 
-def set_core_threads(settings: Settings, environ: MutableMapping[str, str] = os.environ) -> str:
+@contextlib.contextmanager
+def core_threads(settings: Settings, environ: MutableMapping[str, str] = os.environ) -> Iterator[str]:
     """How many threads the SDK's Rust core runs (its RPCs, polls and
     workflow state machines: about a quarter of a busy worker's CPU, the
-    Python thread the rest), set for the runtime this process makes next:
+    Python thread the rest), for the runtime made inside this block:
     AGENT_CORE_THREADS, else TOKIO_WORKER_THREADS as set, else 1. The
     core's default, a thread per CPU, hands its work between threads: on
-    the bench machine that cost ~0.6 ms of CPU per turn (five runs side by
-    side: 14.0-17.1 against 14.8-18.3 ms) for no throughput (100
-    conversations: 54.8 against 54.2 turns/s); one thread keeps up while
-    the single Python thread is the limit."""
+    the bench machine that cost ~0.5 ms of CPU per turn for no throughput
+    (bench/README.md); one thread keeps up while the single Python thread
+    is the limit. The environment is as it was afterwards: processes a
+    tool starts do not inherit the setting."""
+    before = environ.get("TOKIO_WORKER_THREADS")
     if settings.core_threads is not None:
         environ["TOKIO_WORKER_THREADS"] = str(settings.core_threads)
     else:
         environ.setdefault("TOKIO_WORKER_THREADS", "1")
-    return environ["TOKIO_WORKER_THREADS"]
+    try:
+        yield environ["TOKIO_WORKER_THREADS"]
+    finally:
+        if before is None:
+            environ.pop("TOKIO_WORKER_THREADS", None)
+        else:
+            environ["TOKIO_WORKER_THREADS"] = before
 
 
 async def run_worker(settings: Settings) -> None:
-    set_core_threads(settings)  # before anything makes the SDK's runtime
     settings.check_workspace()  # before connecting: one line, at once
     settings.check_writable()
     await probe_s3_storage(settings)
     load_tool_modules(settings.tool_modules)
-    runtime = metrics_runtime(settings)
+    with core_threads(settings):  # the process's one runtime, made now
+        runtime = metrics_runtime(settings) or Runtime.default()
     client = await connect(settings, runtime=runtime, interceptors=tracing_interceptors(settings))
     missing = await missing_search_attributes(client, settings.namespace)
     if missing:

@@ -81,7 +81,7 @@ class Settings:
     sdk_fallbacks: bool = False
     max_concurrent_activities: int = 200
     core_threads: int | None = None
-    """AGENT_CORE_THREADS: threads of the SDK's Rust core (None: unset; see ``worker.set_core_threads``)."""
+    """AGENT_CORE_THREADS: threads of the SDK's Rust core (None: unset; see ``worker.core_threads``)."""
     shutdown_grace: float = 5.0
     log_level: str = "INFO"
     metrics_port: int | None = None

@@ -166,14 +166,20 @@ def test_a_worker_logs_what_every_worker_on_its_queue_must_share() -> None:
 
 
 def test_the_cores_threads_are_agent_core_threads_else_tokios_own_setting_else_one() -> None:
-    from worker import set_core_threads
+    """And only while the runtime is made: a process a tool starts does not
+    inherit the setting (a review)."""
+    from worker import core_threads
 
     environ: dict[str, str] = {}
-    assert set_core_threads(Settings.from_env({}), environ) == "1"
-    assert environ == {"TOKIO_WORKER_THREADS": "1"}
-    assert set_core_threads(Settings.from_env({}), {"TOKIO_WORKER_THREADS": "4"}) == "4"
-    chosen = Settings.from_env({"AGENT_CORE_THREADS": "3"})
-    assert set_core_threads(chosen, {"TOKIO_WORKER_THREADS": "4"}) == "3"
+    with core_threads(Settings.from_env({}), environ) as threads:
+        assert threads == "1" and environ == {"TOKIO_WORKER_THREADS": "1"}
+    assert environ == {}
+    environ = {"TOKIO_WORKER_THREADS": "4"}
+    with core_threads(Settings.from_env({}), environ) as threads:
+        assert threads == "4"
+    with core_threads(Settings.from_env({"AGENT_CORE_THREADS": "3"}), environ) as threads:
+        assert threads == "3" and environ["TOKIO_WORKER_THREADS"] == "3"
+    assert environ == {"TOKIO_WORKER_THREADS": "4"}
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({"AGENT_CORE_THREADS": "0"})
     assert str(refused.value) == "AGENT_CORE_THREADS must be above 0, got '0'."
