@@ -470,15 +470,8 @@ class Conversation:
             # that failed because a worker could not read its start input; a
             # worker without a key the history needs): one line, not a traceback.
             detail = " ".join(str(err.message).split())[:300]
-            try:
-                status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
-            except RPCError:
-                status = None
-            where = (
-                f"{self.id} {await self._how_it_ended()}"
-                if status not in (None, WorkflowExecutionStatus.RUNNING)
-                else self.id
-            )
+            ended = await self._how_it_ended(running="")
+            where = f"{self.id} {ended}" if ended else self.id
             if detail == _ENCODED:  # encrypted by the worker: its log has the sentence
                 detail = "the worker's log says why"
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
@@ -494,12 +487,15 @@ class Conversation:
                 f"No conversation has the id {self.id}: check it, or start one (python starter.py start)."
             ) from err
 
-    async def _how_it_ended(self) -> str:
+    async def _how_it_ended(self, running: str = "has ended") -> str:
         """``has ended``, or how it did when not by completing: a failed
         conversation's reason is read here, through this client's converter
-        (with encryption on, the UI and the CLI show only "Encoded failure")."""
+        (with encryption on, the UI and the CLI show only "Encoded failure");
+        ``running`` when it has not ended."""
         try:
             status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
+            if status == WorkflowExecutionStatus.RUNNING:
+                return running
             if status == WorkflowExecutionStatus.FAILED:
                 try:
                     await self.handle.result(follow_runs=False, rpc_timeout=_ENDING_TIMEOUT)

@@ -116,8 +116,9 @@ class _RefusedPayloadConverter(EncodingPayloadConverter):
         return None  # never chosen to write a value
 
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
-        reason = payload.data.decode(errors="replace")[:_REASON_CHARS].rstrip(".")
-        raise ApplicationError(f"A payload {reason}.", type="PayloadRefused", non_retryable=True)
+        raise ApplicationError(
+            f"A payload {refused_reason(payload)}.", type="PayloadRefused", non_retryable=True
+        )
 
 
 # One instance for every AgentPayloadConverter: the SDK makes a payload

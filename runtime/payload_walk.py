@@ -208,13 +208,9 @@ async def decode_activation(
         await _bounded(data_converter._external_retrieve_payload_sequence, stored, storage_concurrency_limit)
     if data_converter.payload_codec:
         await _each(data_converter._decode_payload_sequence, targets)
-    if activation.is_replaying and any(_refused(p) for t in targets for p in t.items()):
+    if activation.is_replaying and any(refused_reason(p) is not None for t in targets for p in t.items()):
         refuse_unreadable_history(activation)
     return metrics
-
-
-def _refused(payload: Payload) -> bool:
-    return bool(payload.metadata.get("encoding") == REFUSED)
 
 
 def refuse_unreadable_history(activation: Any) -> None:
