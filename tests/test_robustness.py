@@ -124,11 +124,14 @@ async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
         (['{"prompt": "hi", "maxTurns": true}'], "maxTurns"),
         (['{"prompt": "hi", "closeWhenIdle": 1}'], "closeWhenIdle"),
         (['{"prompt": "hi", "approvalTimeoutSeconds": 1e300}'], "approvalTimeoutSeconds"),
+        (['{"prompt": "hi", "tools": ["nosuch"]}'], "Unknown tool(s) nosuch: the worker declares"),
     ],
 )
 async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(
     stack: Stack, args: list[str], says: str
 ) -> None:
+    """And its `state` says `closed` (an unknown tool, refused once the
+    worker's declarations were recorded, left it `idle`)."""
     handle = await stack.client.start_workflow(
         "AgentWorkflow",
         args=[raw_json(a) for a in args],
@@ -138,6 +141,7 @@ async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), 30)
     assert says in str(failed.value.cause)
+    assert (await handle.query("state", result_type=dict))["status"] == "closed"
 
 
 @pytest.mark.parametrize(

@@ -360,6 +360,7 @@ class AgentWorkflow:
         unknown = self._session.unknown_tools(self._session.settings.tools)
         if unknown:
             declared = ", ".join(sorted(self._session.declared or {})) or "no tools"
+            self._session.closing = True  # like the other refused start inputs: `state` says `closed`
             raise refusal(
                 f"Unknown tool(s) {', '.join(unknown)}: the worker declares {declared}. "
                 "Load the module that defines them with `worker.py --tools pkg.module`."
