@@ -220,9 +220,11 @@ class LlmActivities:
 
     async def _request_params(self, request: LlmRequest, context: list[AgentMessage]) -> dict[str, Any]:
         messages: list[AgentMessage] = list(context)
+        stage = "The context transform"
         try:
             if self._transform_context is not None:
                 messages = await _maybe_await(self._transform_context(messages))
+            stage = "The message conversion (convert_to_llm)"
             messages = await _maybe_await(self._convert_to_llm(messages))
         except BaseException as err:
             if isinstance(err, asyncio.CancelledError) or not is_user_failure(err):
@@ -230,7 +232,7 @@ class LlmActivities:
             # User code: a failure ends the run with an error message (SPEC §8),
             # never a retry loop.
             raise ApplicationError(
-                scrub(f"The context transform failed: {type(err).__name__}: {err}", self._secrets),
+                scrub(f"{stage} failed: {type(err).__name__}: {err}", self._secrets),
                 type="ContextHookFailed",
                 non_retryable=True,
             ) from None

@@ -512,8 +512,9 @@ class OwnBaseError(BaseException):
         (KeyboardInterrupt(), "KeyboardInterrupt"),
         (GeneratorExit("closed"), "GeneratorExit: closed"),
         (OwnBaseError("mine"), "OwnBaseError: mine"),
+        (KeyError("no such key"), "no such key"),  # not Python's quoted "'no such key'"
     ],
-    ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit", "own"],
+    ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit", "own", "KeyError"],
 )
 async def test_a_hook_raising_any_base_exception_is_a_hook_failure(raised: BaseException, text: str) -> None:
     """Past every `except Exception`: a BaseException of the user's own or a

@@ -410,6 +410,19 @@ async def test_a_context_transform_calling_sys_exit_fails_the_call_not_the_worke
     assert "The context transform failed: SystemExit: 2" in str(raised.value)
 
 
+async def test_a_failing_convert_to_llm_is_named_in_the_error() -> None:
+    """It was reported as a context transform failure."""
+
+    def failing(messages: list[Any]) -> list[Any]:
+        raise RuntimeError("convert failed")
+
+    llm = LlmActivities(api_key="k", base_url="http://127.0.0.1:9/v1", convert_to_llm=failing)
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(llm.stream_assistant_response, REQUEST)
+    assert raised.value.type == "ContextHookFailed" and raised.value.non_retryable
+    assert raised.value.message == "The message conversion (convert_to_llm) failed: RuntimeError: convert failed"
+
+
 def test_call_ids_and_names_openai_would_refuse_are_sent_as_ones_it_takes() -> None:
     """A call id over 40 characters (pi's Responses ids `call_...|fc_...`,
     vLLM's 46-character ones) or a tool name the model made up
