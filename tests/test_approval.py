@@ -82,8 +82,8 @@ async def test_calls_wait_for_a_decision_while_the_rest_of_the_batch_runs(stack:
     with pytest.raises(WorkflowUpdateFailedError):
         await handle.execute_update("approve_tool", {"toolCallId": "g1", "approved": False})
     await handle.execute_update(
-        "approve_tool", {"toolCallId": "g2", "approved": False, "reason": "not today"}
-    )
+        "approve_tool", {"toolCallId": "g2", "approved": False, "reason": "  not today\n"}
+    )  # the reason is trimmed (a blank one is none: "... was rejected.")
     events = await log.wait_for_type("agent_end")
     log.close()
     lines = outline(events)

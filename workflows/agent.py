@@ -512,7 +512,8 @@ class AgentWorkflow:
             self._record_approval(call.name, "approved", waiting)
             return ApprovalDecision(True)
         self._record_approval(call.name, "rejected", waiting)
-        because = f": {decision.reason}" if decision.reason else "."
+        reason = (decision.reason or "").strip()  # a blank reason is none
+        because = f": {reason}" if reason else "."
         return ApprovalDecision(False, f"Tool call {call.name} was rejected{because}")
 
     def _record_approval(self, tool: str, outcome: str, waiting: WaitingCall | None) -> None:
