@@ -90,6 +90,8 @@ async def test_signals_with_no_argument_or_two_are_dropped(stack: Stack) -> None
         ("prompt", [], "needs one argument"),
         ("prompt", ["a", "b"], "takes one argument"),
         ("prompt", [raw_json(deep(300))], ""),
+        ("prompt", [{"role": "user", "content": [{"type": "text", "text": " "}]}], "has no content"),
+        ("prompt", [{"role": "", "content": "x"}], "role is empty"),
         ("continue", ["x"], "takes no argument"),
         ("configure", ["gpt"], "takes an object"),
         ("configure", [{"temperature": 2}], "Unknown setting"),

@@ -25,6 +25,7 @@ from workflows.models import (
     AgentMessage,
     CustomMessage,
     ImageContent,
+    TextContent,
     MessageAdapter,
     UserMessage,
     WireModel,
@@ -114,6 +115,8 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
             message = message.model_copy(update={"timestamp": now_ms()})
         return message
     if isinstance(message, CustomMessage):
+        if not message.role.strip():
+            raise InputError('The message\'s role is empty: send {"role": "user", ...} or name your own role.')
         return message
     raise InputError(
         f"A message with role `{getattr(message, 'role', '?')}` cannot be sent: "
@@ -241,6 +244,8 @@ def json_type(value: Any) -> str:
 
 
 def _is_empty(content: Any) -> bool:
+    """No text but blanks and no image (``""`` was refused, ``[{"type":
+    "text", "text": ""}]`` taken)."""
     if isinstance(content, str):
         return not content.strip()
-    return not content
+    return all(isinstance(part, TextContent) and not part.text.strip() for part in content)
