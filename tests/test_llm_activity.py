@@ -420,7 +420,8 @@ async def test_a_failing_convert_to_llm_is_named_in_the_error() -> None:
     with pytest.raises(ApplicationError) as raised:
         await ActivityEnvironment().run(llm.stream_assistant_response, REQUEST)
     assert raised.value.type == "ContextHookFailed" and raised.value.non_retryable
-    assert raised.value.message == "The message conversion (convert_to_llm) failed: RuntimeError: convert failed"
+    said = raised.value.message
+    assert said == "The message conversion (convert_to_llm) failed: RuntimeError: convert failed"
 
 
 def test_call_ids_and_names_openai_would_refuse_are_sent_as_ones_it_takes() -> None:

@@ -147,7 +147,8 @@ def failure_text(err: BaseException) -> str:
     """What a failure of user code says: the exception's message (pi's), or
     its type with it where the message alone says little (``SystemExit: 1``).
     A ``KeyError``'s message is its argument, not Python's quoted repr of it."""
-    text = err.args[0] if type(err) is KeyError and len(err.args) == 1 and isinstance(err.args[0], str) else str(err)
+    quoted = type(err) is KeyError and len(err.args) == 1 and isinstance(err.args[0], str)
+    text = err.args[0] if quoted else str(err)
     if not isinstance(err, Exception | asyncio.CancelledError):
         return f"{type(err).__name__}: {text}" if text else type(err).__name__
     return text or type(err).__name__

@@ -25,8 +25,8 @@ from workflows.models import (
     AgentMessage,
     CustomMessage,
     ImageContent,
-    TextContent,
     MessageAdapter,
+    TextContent,
     UserMessage,
     WireModel,
 )
@@ -116,7 +116,9 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
         return message
     if isinstance(message, CustomMessage):
         if not message.role.strip():
-            raise InputError('The message\'s role is empty: send {"role": "user", ...} or name your own role.')
+            raise InputError(
+                'The message\'s role is empty: send {"role": "user", ...} or name your own role.'
+            )
         return message
     raise InputError(
         f"A message with role `{getattr(message, 'role', '?')}` cannot be sent: "
