@@ -118,6 +118,7 @@ def build_worker(
         # Conversations from before declarations were recorded ran every
         # tool as a plain activity.
         legacy_tools={d.name: d.model_copy(update={"local": False}) for d in declared},
+        default_model=settings.default_model,
         track_subscribers=not settings.sdk_fallbacks,
     )
     if llm is not None and (transform_context or convert_to_llm):

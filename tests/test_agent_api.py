@@ -366,8 +366,8 @@ async def test_state_at_the_start_names_the_workers_tools_before_they_are_record
     queue = f"agent-state-start-{uuid.uuid4().hex[:6]}"
     async with build_worker(client, Settings.from_env(worker_env, task_queue=queue)):
         handle = await client.start_workflow(
-            "AgentWorkflow", {"model": "m"}, id=f"state-start-{uuid.uuid4().hex[:8]}", task_queue=queue
-        )
+            "AgentWorkflow", {}, id=f"state-start-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )  # no model: the worker's default is recorded (`state` said `model: null` until then)
         early = await handle.query("state", result_type=dict)
         assert not recorded.is_set()
         release.set()
@@ -375,4 +375,5 @@ async def test_state_at_the_start_names_the_workers_tools_before_they_are_record
         await asyncio.sleep(0.3)
         later = await handle.query("state", result_type=dict)
         assert later["tools"] and early["tools"] == later["tools"]
+        assert early["model"] == later["model"] == worker_env["AGENT_MODEL"]
         await handle.signal("close")

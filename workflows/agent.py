@@ -912,11 +912,15 @@ class AgentWorkflow:
     def state(self, *args: Any) -> SessionState:
         # Asked before the first task recorded the worker's declarations (a
         # query right after the start): the tools are those this worker
-        # declares, which is what it records, not none. A query writes no
-        # history, so reading the worker's here changes no replay.
-        return self._session.state(
+        # declares, and the model its default, which is what it records, not
+        # none. A query writes no history, so reading the worker's here
+        # changes no replay.
+        state = self._session.state(
             self._stream.offset(), self._streaming_message(), self._bindings.legacy_tools
         )
+        if state.model is None and not self._session.closing:
+            state.model = self._bindings.default_model
+        return state
 
     @workflow.query(name="messages")
     def messages(self, *args: Any) -> list[AgentMessage]:

@@ -36,6 +36,10 @@ class WorkflowBindings:
     legacy_tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
     """For conversations started before tool declarations were recorded
     (their histories hold none): the worker's tools, as before."""
+    default_model: str | None = None
+    """The worker's default model: what the first task records for a
+    conversation started without one (a `state` query asked before that
+    answers with it)."""
     track_subscribers: bool = True
     """False forces the stream's fallback (CI runs the suite both ways)."""
 
