@@ -79,6 +79,12 @@ def script_model(base_url: str, model: str, steps: list[dict[str, Any]]) -> None
 
 
 async def run_demo(console: Console) -> int:
+    # A closed terminal (SIGHUP) or a `kill` (SIGTERM) stops the servers as
+    # Ctrl-C does: before, they were left running.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
     DATA.mkdir(exist_ok=True)
     server = DevServer(
         db_filename=str(DATA / "demo-temporal.db"),
@@ -163,7 +169,7 @@ def main() -> None:
     console = Console()
     try:
         code = asyncio.run(run_demo(console))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         code = 0
     sys.stdout.flush()
     os._exit(code)  # the SDK can crash at interpreter exit (sdk-python #300)

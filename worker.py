@@ -253,7 +253,7 @@ async def run_worker(settings: Settings) -> None:
         logging.info("Worker polling task queue %r on %s", settings.task_queue, settings.address)
         print(f"worker ready: task queue {settings.task_queue!r} on {settings.address}", flush=True)
         logging.info("%s", what_must_match(settings))
-        if runtime is not None:
+        if settings.metrics_port is not None:
             print(f"metrics: http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
         await stop.wait()
         logging.info("Shutting down: finishing running activities")

@@ -163,9 +163,12 @@ def _inside_workspace(path: str) -> Path:
         raise ValueError(f"The path {asked} cannot be read: {err.strerror or err}.") from None
     if not _is_inside(resolved, root):
         raise _outside(asked)
-    if any(part.startswith(".") for part in resolved.relative_to(root).parts):
+    inside = resolved.relative_to(root)
+    if any(part.startswith(".") for part in inside.parts):
+        named = any(part.startswith(".") and part not in (".", "..") for part in Path(path).parts)
+        leads = "" if named else f" leads to {_shown(str(inside))}, which"  # through a symlink
         raise PermissionError(
-            f"{asked} is hidden (a name starting with a dot): hidden files and directories "
+            f"{asked}{leads} is hidden (a name starting with a dot): hidden files and directories "
             "(.env, .git, ...) often hold secrets and are not read."
         )
     return resolved

@@ -31,7 +31,9 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
             renderer.render(event)
             if event.get("type") == "tool_approval_request":
                 console.print(approval_hint(conversation.id, event.get("toolCallId", "")))
-    if not as_json:
+    if as_json:  # stdout stays one JSON object per line
+        print(await how_it_ended(conversation), file=sys.stderr, flush=True)
+    else:
         renderer.end_line()
         console.print(await how_it_ended(conversation), style="dim")
 

@@ -218,8 +218,12 @@ async def test_hidden_files_are_not_read_or_listed(
     (workspace / ".git" / "config").write_text("[remote]\n")
     (workspace / "settings").symlink_to(workspace / ".env")
     for path in (".env", "./.env", ".git/config", "settings"):
-        with pytest.raises(PermissionError, match="is hidden"):
+        with pytest.raises(PermissionError, match="is hidden") as refused:
             await read_file(ReadFileArgs(path=path))
+        said = str(refused.value)
+        assert said.startswith(f"{path!r} is hidden" if path != "settings" else "'settings' leads")
+    # Through a symlink the refusal names where it leads (it called `settings` hidden).
+    assert str(refused.value).startswith("'settings' leads to '.env', which is hidden (a name starting")
     with pytest.raises(PermissionError, match="is hidden"):
         await list_files(ListFilesArgs(path=".git"))
 

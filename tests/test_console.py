@@ -396,10 +396,11 @@ async def test_watch_json_prints_one_event_per_line_like_a_subscriber(stack: Sta
     )
     expected = [(item.offset, item.data) async for item in subscriber]
 
-    code, stdout = await starter(stack.dev_server, "watch", handle.id, "--json")
+    code, stdout, stderr = await starter_with_stderr(stack.dev_server, "watch", handle.id, "--json")
 
     lines = [json.loads(line) for line in stdout.splitlines()]
     assert code == 0
+    assert stderr == "The conversation was closed.\n"  # how it ended, off the JSON lines (it said nothing)
     assert [(line.pop("offset"), line) for line in lines] == expected
     assert [offset for offset, _ in expected] == sorted({offset for offset, _ in expected})
 

@@ -114,6 +114,8 @@ async def test_the_metrics_port_flag_serves_metrics_without_the_variable(
     port = free_port()
     env = {k: v for k, v in worker_env.items() if k != "AGENT_METRICS_PORT"}
     env["TEMPORAL_TASK_QUEUE"] = f"metrics-flag-{uuid.uuid4().hex[:6]}"
+    for log in ("worker-metrics-flag.log", "worker-no-metrics.log"):
+        (artifacts / log).unlink(missing_ok=True)  # appended to: only this run's lines
     process = start_ready_process(
         [sys.executable, "worker.py", "--metrics-port", str(port)], env, artifacts / "worker-metrics-flag.log"
     )
@@ -122,3 +124,15 @@ async def test_the_metrics_port_flag_serves_metrics_without_the_variable(
         assert "temporal_" in text or "agent_" in text
     finally:
         stop_process(process)
+    assert f"metrics: http://127.0.0.1:{port}/metrics" in await logged(artifacts / "worker-metrics-flag.log")
+
+    env["TEMPORAL_TASK_QUEUE"] = f"metrics-none-{uuid.uuid4().hex[:6]}"
+    stop_process(start_ready_process([sys.executable, "worker.py"], env, artifacts / "worker-no-metrics.log"))
+    # It printed "metrics: http://127.0.0.1:None/metrics" without a port.
+    assert "metrics:" not in await logged(artifacts / "worker-no-metrics.log")
+
+
+async def logged(path: Path) -> str:
+    """A stopped worker's log, once the thread copying its output is done."""
+    await asyncio.sleep(1)
+    return path.read_text()
