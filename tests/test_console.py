@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pexpect
@@ -985,6 +986,9 @@ async def test_starter_settings_errors_are_one_line_and_it_runs_from_any_directo
     )
 
 
+CLOSED = "The conversation was closed.\n"  # how it ended: on stderr with --json
+
+
 async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.CaptureFixture[str]) -> None:
     """A long conversation keeps only its latest events across
     continue-as-new: `watch --from 10` began at offset 686 without a word
@@ -998,6 +1002,10 @@ async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.Ca
 
         def __init__(self, *offsets: int) -> None:
             self.offsets = offsets
+            self.handle = self
+
+        async def describe(self) -> Any:
+            return SimpleNamespace(status=WorkflowExecutionStatus.COMPLETED)
 
         async def events(self, from_offset: int, on_skipped: Any = None) -> Any:
             expected = from_offset
@@ -1010,9 +1018,9 @@ async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.Ca
     await watch(Kept(686, 687), as_json=True, from_offset=10)  # type: ignore[arg-type]
     out, err = capsys.readouterr()
     assert [json.loads(line)["offset"] for line in out.splitlines()] == [686, 687]
-    assert err == "note: events before offset 686 are no longer kept; reading from 686.\n"
+    assert err == "note: events before offset 686 are no longer kept; reading from 686.\n" + CLOSED
     await watch(Kept(686, 687), as_json=True, from_offset=686)  # type: ignore[arg-type]
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == CLOSED
     # A reader that fell behind while the run continued as new (a stream
     # audit: 87 events gone, 26 tool calls never got a result, no word).
     await watch(Kept(128, 216, 217), as_json=True, from_offset=128)  # type: ignore[arg-type]
@@ -1020,7 +1028,7 @@ async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.Ca
     assert [json.loads(line)["offset"] for line in out.splitlines()] == [128, 216, 217]
     assert err == (
         "note: events 129 to 215 are no longer kept (the conversation continued as new and carried only "
-        "its latest events before they were read); reading from 216.\n"
+        "its latest events before they were read); reading from 216.\n" + CLOSED
     )
 
 
