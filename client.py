@@ -275,8 +275,16 @@ class Conversation:
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``(offset, event)`` of the run ``started`` names, up to and
         including its ``agent_end`` (fewer when the conversation ends first).
-        Runs never overlap, so the first ``agent_end`` from its offset is its own."""
+        Runs never overlap, so the first ``agent_end`` from its offset is its own.
+        A reader behind by more than a continue-as-new carries may miss it
+        (an ``agent_end`` too large to carry): a second ``agent_start`` is
+        then the next run's, and this run's events end before it."""
+        begun = False
         async for offset, event in self.events(started.event_offset, on_skipped=on_skipped):
+            if event.get("type") == "agent_start":
+                if begun:
+                    return  # this run's end was not kept
+                begun = True
             yield offset, event
             if event.get("type") == "agent_end" and isinstance(event.get("messages"), list):
                 return

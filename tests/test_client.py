@@ -545,6 +545,44 @@ async def test_follow_says_where_events_were_no_longer_kept(
     assert skipped == [(3, 9)]
 
 
+async def test_a_runs_events_end_at_the_next_runs_start_when_its_end_was_not_kept(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent_end too large to carry across continue-as-new is not kept
+    for a reader behind: `run_events` then yielded the next run's events
+    as its own. They end where the next run starts."""
+    from temporalio.contrib.workflow_streams._types import (
+        PollResult,
+        _encode_payload,
+        _WorkflowStreamWireItem,
+    )
+
+    from client import _EventReader
+    from workflows.contract import PromptResult
+
+    converter = stack.client.data_converter.payload_converter
+
+    def item(offset: int, kind: str) -> Any:
+        return _WorkflowStreamWireItem(
+            "events", _encode_payload(converter.to_payload({"type": kind})), offset
+        )
+
+    reads = [
+        PollResult([item(5, "agent_start"), item(6, "turn_start")], 7, True),
+        PollResult([item(9, "agent_start"), item(10, "turn_start")], 11, True),  # 7-8 (its end) gone
+    ]
+
+    async def read(self: Any) -> Any:
+        return reads.pop(0)
+
+    monkeypatch.setattr(_EventReader, "_read", read)
+    skipped: list[tuple[int, int]] = []
+    chat = Conversation.attach(stack.client, "gone")
+    started = PromptResult(run=1, event_offset=5)
+    events = [o async for o, _ in chat.run_events(started, on_skipped=lambda a, b: skipped.append((a, b)))]
+    assert events == [5, 6] and skipped == [(7, 9)]
+
+
 async def test_state_is_asked_again_while_the_servers_query_buffer_is_full(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:

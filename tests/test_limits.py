@@ -109,3 +109,41 @@ async def test_tool_output_above_the_cap_is_cut_with_a_note(stack: Stack) -> Non
     assert len(text) < 51_000 and "[Output truncated: 60006 characters" in text
     full = Path(tool_result.details["fullOutputPath"]).read_text()
     assert full == "echo: " + "x" * 60_000
+
+
+async def test_a_turn_of_large_tool_results_continues_as_new(
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """A continue-as-new carried the stream's last event whatever its size,
+    and a turn's `turn_end` holds all its tool results (base64 in the
+    carry): 150 results of 200 KiB took the next run's input past
+    AGENT_MAX_DECOMPRESSED_BYTES, its start failed, and the conversation
+    with it, for good (a chaos audit). The same at a limit of 8 MiB: 24
+    results of 150 KiB (a 4.9 MB turn_end) with a switch after every turn."""
+    from client import Conversation
+
+    queue = f"agent-carry-{uuid.uuid4().hex[:6]}"
+    env = {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_MAX_DECOMPRESSED_BYTES": str(8 * 1024 * 1024)}
+    process = start_worker(env, ["tests.support.tools"], artifacts / "worker-carry.log")
+    try:
+        calls = [
+            {"id": f"b{i}", "name": "bulky", "arguments": {"tag": f"t{i}", "kib": 150}} for i in range(24)
+        ]
+        stack.script({"tool_calls": calls}, {"text": "all read"}, {"text": "still here"})
+        settings = Settings.from_env(task_queue=queue)
+        chat = await Conversation.start(
+            stack.client,
+            settings,
+            id=f"carry-{uuid.uuid4().hex[:8]}",
+            model=stack.model,
+            continue_as_new_after_turns=1,
+        )
+        new = await chat.prompt("Run the bulky tool.")
+        assert [m.role for m in new].count("toolResult") == 24 and new[-1].text == "all read"
+        assert (await chat.prompt("anyone there?"))[-1].text == "still here"
+        state = await chat.state()
+        assert state.status == "idle" and state.runs == 2
+        described = await chat.handle.describe()
+        assert described.run_id != chat.handle.first_execution_run_id  # it did continue as new
+    finally:
+        stop_process(process)
