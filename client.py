@@ -397,7 +397,15 @@ class Conversation:
             try:
                 return await self.handle.query(name, result_type=result_type)
             except RPCError as err:
-                if err.status != RPCStatusCode.RESOURCE_EXHAUSTED or failures >= MAX_RETRIES:
+                if _task_failing(err) and failures >= _FAILING_TASK_RETRIES:
+                    raise Refused(
+                        f"Conversation {self.id} cannot answer now: its workflow task is failing (the "
+                        "worker's log says why; a tool that blocks the worker's event loop does this). "
+                        "Ask again once it is fixed."
+                    ) from err
+                if not (err.status == RPCStatusCode.RESOURCE_EXHAUSTED or _task_failing(err)):
+                    raise
+                if failures >= MAX_RETRIES:
                     raise
                 await asyncio.sleep(_backoff(failures))
                 failures += 1
@@ -482,6 +490,8 @@ class Conversation:
             where = f"{self.id} {ended}" if ended else self.id
             if detail == _ENCODED:  # encrypted by the worker: its log has the sentence
                 detail = "the worker's log says why"
+            elif ended:  # no worker will go on with it: not "goes on once the worker can read it"
+                detail = detail.split("; the conversation goes on once")[0]
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
@@ -647,6 +657,16 @@ _TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
 # Retries in a row without a new event before the error is the caller's:
 # 0.1 s doubling to 2 s, about 25 s in all.
 MAX_RETRIES = 15
+
+
+# A query to a conversation whose workflow task is failing (FAILED_PRECONDITION
+# "Unable to query workflow due to Workflow Task in failed state") is asked
+# again for ~3 s (a task retried at once may pass), then refused with a sentence.
+_FAILING_TASK_RETRIES = 5
+
+
+def _task_failing(err: RPCError) -> bool:
+    return err.status == RPCStatusCode.FAILED_PRECONDITION and "Workflow Task in failed state" in err.message
 
 
 def _backoff(failures: int) -> float:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from client import Conversation, ConversationNotFound, Refused
@@ -612,4 +613,42 @@ async def test_state_is_asked_again_while_the_servers_query_buffer_is_full(
     monkeypatch.setattr(conversation.handle, "query", broken)
     with pytest.raises(RPCError, match="permission denied"):
         await conversation.state()
+
+    # A tool blocking the worker's event loop fails the workflow task: the
+    # server refuses queries meanwhile, and state() raised it raw (a chaos audit).
+    failing = 0
+
+    async def task_failing(name: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal failing
+        failing += 1
+        raise RPCError(
+            "Unable to query workflow due to Workflow Task in failed state.",
+            RPCStatusCode.FAILED_PRECONDITION,
+            b"",
+        )
+
+    # A failed conversation's history no worker can read: not "goes on once
+    # the worker can read it" (nothing goes on; a chaos audit).
+    async def unreadable(name: str, *args: Any, **kwargs: Any) -> Any:
+        raise WorkflowQueryFailedError(
+            "A payload is too large on this worker; the conversation goes on once the worker can read it."
+        )
+
+    async def failed(running: str = "") -> str:
+        return "failed (its next run could not read its input)"
+
+    monkeypatch.setattr(conversation.handle, "query", unreadable)
+    monkeypatch.setattr(conversation, "_how_it_ended", failed)
+    with pytest.raises(Refused) as refused:
+        await conversation.state()
+    assert str(refused.value) == (
+        f"Conversation {conversation.id} failed (its next run could not read its input); a worker could not "
+        "read its state: A payload is too large on this worker"
+    )
+    monkeypatch.undo()
+
+    monkeypatch.setattr(conversation.handle, "query", task_failing)
+    with pytest.raises(Refused, match=r"cannot answer now: its workflow task is failing \(the worker's log"):
+        await conversation.state()
+    assert failing == 6  # asked again for ~3 s first
     await conversation.close()
