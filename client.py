@@ -54,6 +54,7 @@ from workflows.contract import (
     PromptResult,
     SessionResult,
     SessionState,
+    SettingsInForce,
     WaitForIdleResult,
 )
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
@@ -355,14 +356,14 @@ class Conversation:
 
     # --- settings and state -----------------------------------------------------------------
 
-    async def configure(self, **settings: Any) -> AgentSettings:
+    async def configure(self, **settings: Any) -> SettingsInForce:
         """pi's setters in one call (snake_case: ``model``, ``system_prompt``,
         ``thinking_level``, ``tools``, ``tool_execution``, ``steering_mode``,
         ``follow_up_mode``, ``max_turns``, ...), applied from the next model
         call; returns the settings now in force."""
         patch = {_camel(k): v for k, v in settings.items()}
         async with self._refusals():
-            return await self._update("configure", patch, result_type=AgentSettings)
+            return await self._update("configure", patch, result_type=SettingsInForce)
 
     async def clear_queues(self, which: QueueName = "all") -> list[AgentMessage]:
         """pi's ``clearSteeringQueue`` / ``clearFollowUpQueue`` / ``clearAllQueues``

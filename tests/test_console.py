@@ -755,6 +755,8 @@ async def test_starter_configure_prints_the_settings_in_force(stack: Stack) -> N
 
     code, stdout = await starter(stack.dev_server, "configure", conversation.id)  # no option
     assert (code, json.loads(stdout)) == (0, in_force)
+    # Every key, null where unset, as the update answers (SPEC 8; unset ones were left out).
+    assert (in_force["maxCost"], in_force["approvalTimeoutSeconds"]) == (None, None)
 
 
 async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Stack) -> None:
