@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -24,18 +26,58 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
             renderer.end_line()
         print(skipped_note(first, next_offset, from_offset), file=sys.stderr, flush=True)
 
-    async for offset, event in conversation.events(from_offset, on_skipped=skipped):
-        if as_json:
-            print(json_line({"offset": offset, **event}), flush=True)
-        else:
-            renderer.render(event)
-            if event.get("type") == "tool_approval_request":
-                console.print(approval_hint(conversation.id, event.get("toolCallId", "")))
+    waiting = asyncio.get_running_loop().create_task(_say_when_no_worker_answers(conversation))
+    try:
+        async for offset, event in conversation.events(from_offset, on_skipped=skipped):
+            waiting.cancel()
+            _show(event, offset, as_json, renderer, console, conversation)
+    finally:
+        waiting.cancel()
     if as_json:  # stdout stays one JSON object per line
         print(await how_it_ended(conversation), file=sys.stderr, flush=True)
     else:
         renderer.end_line()
         console.print(await how_it_ended(conversation), style="dim")
+
+
+def _show(
+    event: dict[str, Any],
+    offset: int,
+    as_json: bool,
+    renderer: EventRenderer,
+    console: Console,
+    conversation: Conversation,
+) -> None:
+    if as_json:
+        print(json_line({"offset": offset, **event}), flush=True)
+        return
+    renderer.render(event)
+    if event.get("type") == "tool_approval_request":
+        console.print(approval_hint(conversation.id, event.get("toolCallId", "")))
+
+
+NO_WORKER_NOTE_AFTER = 5.0
+"""Seconds without an event from a conversation that has ended before
+``watch`` says it waits for a worker (it printed nothing for good)."""
+
+
+async def _say_when_no_worker_answers(conversation: Conversation) -> None:
+    """An ended conversation's events are read by a query a worker answers
+    (replaying its history): with no worker on its task queue nothing
+    comes. Said once on stderr, then the read goes on waiting."""
+    try:
+        described = await conversation.handle.describe()
+    except RPCError:
+        return
+    if described.status in (None, WorkflowExecutionStatus.RUNNING):
+        return  # a live conversation may well be quiet
+    await asyncio.sleep(NO_WORKER_NOTE_AFTER)
+    print(
+        f"note: nothing read yet: the conversation has ended, and reading its events needs a worker on "
+        f"task queue {described.task_queue!r} to replay it; waiting for one.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 _ENDINGS: dict[WorkflowExecutionStatus | None, str] = {

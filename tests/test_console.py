@@ -1063,3 +1063,34 @@ async def test_watch_says_how_the_conversation_ended(stack: Stack) -> None:
     await closed.result()
     code, stdout = await starter(stack.dev_server, "watch", closed.id)
     assert code == 0 and "The conversation was closed." in stdout
+
+
+async def test_watch_of_an_ended_conversation_no_worker_can_replay_says_what_it_waits_for(
+    stack: Stack,
+) -> None:
+    """Its events are read by a query a worker answers: with none on its task
+    queue, `watch` printed nothing at all (a README audit waited 30 s)."""
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    )
+    await handle.terminate("test")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "starter.py"),
+        "watch",
+        handle.id,
+        cwd=ROOT,
+        env=client_env(stack.dev_server),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        line = await asyncio.wait_for(process.stderr.readline(), 20)
+    finally:
+        process.kill()
+        await process.wait()
+    assert line.decode().startswith(
+        "note: nothing read yet: the conversation has ended, and reading its events needs a worker on "
+        "task queue 'no-worker-here' to replay it; waiting for one."
+    ), line
