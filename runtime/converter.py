@@ -19,6 +19,7 @@ sentence.
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,15 @@ from temporalio.converter import (
     JSONPlainPayloadConverter,
 )
 from temporalio.exceptions import ApplicationError
+
+READING_CARRY: contextvars.ContextVar[bool] = contextvars.ContextVar("agent_reading_carry", default=False)
+"""Set while a worker decodes the input of a run its conversation
+continued as new to (``runtime/payload_walk.py``): the workflow's own
+state, written by a worker that held it in memory, read without the
+decompression bound. A client cannot send such an input (the server sets
+a run's continued-from on continue-as-new only), and a transcript or
+queues past the bound failed the next run for good."""
+
 
 UNCOMPRESSED_KEY = "compression"
 UNCOMPRESSED = b"none"

@@ -43,7 +43,7 @@ from typing import Any
 from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 
-from runtime.converter import REFUSED, PayloadUnreadable, refused_reason
+from runtime.converter import READING_CARRY, REFUSED, PayloadUnreadable, refused_reason
 
 SUPPORTED_SDK = "1.35.0"
 
@@ -101,18 +101,20 @@ class _Target:
     """One place the SDK's passes would visit: a payload or a payload
     sequence (a repeated field, written back in place), and its command."""
 
-    __slots__ = ("command", "payloads", "single")
+    __slots__ = ("carry", "command", "payloads", "single")
 
-    def __init__(self, command: Any, payloads: Any, single: bool) -> None:
+    def __init__(self, command: Any, payloads: Any, single: bool, carry: bool = False) -> None:
         self.command = command
         self.payloads = payloads
         self.single = single
+        self.carry = carry  # the input of a run continued as new (``READING_CARRY``)
 
     def items(self) -> Sequence[Payload]:
         return [self.payloads] if self.single else self.payloads
 
     async def apply(self, step: Step) -> None:
         token = _SDK["command"].set(self.command) if _SDK else None
+        carry = READING_CARRY.set(True) if self.carry else None
         try:
             if self.single:
                 new = (await step([self.payloads]))[0]
@@ -126,6 +128,8 @@ class _Target:
             del self.payloads[:]
             self.payloads.extend(new_payloads)
         finally:
+            if carry is not None:
+                READING_CARRY.reset(carry)
             if token is not None:
                 _SDK["command"].reset(token)
 
@@ -137,13 +141,14 @@ def _collector() -> Any:
         def __init__(self) -> None:
             self.targets: list[_Target] = []
             self.envelope = False
+            self.in_carry = False
 
         async def visit_payload(self, payload: Payload) -> None:
-            self.targets.append(_Target(_SDK["command"].get(), payload, True))
+            self.targets.append(_Target(_SDK["command"].get(), payload, True, self.in_carry))
 
         async def visit_payloads(self, payloads: Any) -> None:
             if len(payloads):
-                self.targets.append(_Target(_SDK["command"].get(), payloads, False))
+                self.targets.append(_Target(_SDK["command"].get(), payloads, False, self.in_carry))
 
         async def visit_system_nexus_envelope(self, payload: Payload) -> None:
             self.envelope = True
@@ -154,11 +159,31 @@ def _collector() -> Any:
 _Collector = _collector()
 
 
+def _visitor() -> Any:
+    base = _SDK["Visitor"] if _SDK else object
+
+    class Visitor(base):  # type: ignore[misc, valid-type]
+        """The SDK's visitor, telling the collector which payloads are the
+        input of a run continued as new (its run has a continued-from run)."""
+
+        async def _visit_coresdk_workflow_activation_InitializeWorkflow(self, fs: Any, o: Any) -> None:
+            fs.in_carry = bool(o.continued_from_execution_run_id)
+            try:
+                await super()._visit_coresdk_workflow_activation_InitializeWorkflow(fs, o)
+            finally:
+                fs.in_carry = False
+
+    return Visitor
+
+
+_Visitor = _visitor()
+
+
 async def _collect(root: Any, headers: bool) -> list[_Target] | None:
     """Every target in ``root``, in the SDK's visiting order; None when the
     tree holds a system Nexus envelope."""
     collector = _Collector()
-    await _SDK["Visitor"](skip_search_attributes=True, skip_headers=not headers).visit(collector, root)
+    await _Visitor(skip_search_attributes=True, skip_headers=not headers).visit(collector, root)
     return None if collector.envelope else collector.targets
 
 

@@ -41,7 +41,13 @@ from temporalio.converter import (
 
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
 from activities.redact import scrub
-from runtime.converter import UNCOMPRESSED, UNCOMPRESSED_KEY, AgentPayloadConverter, refused_payload
+from runtime.converter import (
+    READING_CARRY,
+    UNCOMPRESSED,
+    UNCOMPRESSED_KEY,
+    AgentPayloadConverter,
+    refused_payload,
+)
 from runtime.encryption import CodecChain, EncryptionCodec, keyring
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings, SettingsError
 
@@ -382,11 +388,12 @@ class CompressionCodec(PayloadCodec):
     def decompress(self, data: bytes) -> Payload:
         """The payload ``data`` holds, or a refused payload saying why not."""
         inflater = zlib.decompressobj()
+        bounded = not READING_CARRY.get()
         try:
-            plain = inflater.decompress(data, self._max + 1)
+            plain = inflater.decompress(data, self._max + 1) if bounded else inflater.decompress(data)
         except zlib.error:
             return refused_payload(_NOT_ZLIB)
-        if len(plain) > self._max:
+        if bounded and len(plain) > self._max:
             return refused_payload(
                 f"decompresses to more than {self._max:,} bytes (AGENT_MAX_DECOMPRESSED_BYTES), "
                 "so it was refused as a decompression bomb"

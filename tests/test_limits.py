@@ -3,6 +3,7 @@ above Temporal's 2 MB payload limit, and tool output above the cap."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -145,5 +146,50 @@ async def test_a_turn_of_large_tool_results_continues_as_new(
         assert state.status == "idle" and state.runs == 2
         described = await chat.handle.describe()
         assert described.run_id != chat.handle.first_execution_run_id  # it did continue as new
+    finally:
+        stop_process(process)
+
+
+async def test_a_carry_larger_than_the_decompression_bound_is_read(
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """The next run's input is the conversation's own state: 38 queued steering
+    messages of 1.9 MB each (or approvals with megabytes of arguments, or a
+    transcript past 64 MiB) made it decompress past AGENT_MAX_DECOMPRESSED_BYTES,
+    and the next run failed as it started, the conversation for good (a limits
+    audit). A continued run's input is read without the bound (no client can
+    send one). Here 6 steers of 1.5 MB at a bound of 8 MiB, one per turn, a
+    switch after every turn."""
+    from client import Conversation
+
+    queue = f"agent-carry-bound-{uuid.uuid4().hex[:6]}"
+    env = {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_MAX_DECOMPRESSED_BYTES": str(8 * 1024 * 1024)}
+    process = start_worker(env, ["tests.support.tools"], artifacts / "worker-carry-bound.log")
+    try:
+        stack.script(
+            {"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 2}}]},
+            *({"text": f"read note {i}"} for i in range(6)),
+            {"text": "still here"},
+        )
+        chat = await Conversation.start(
+            stack.client,
+            Settings.from_env(task_queue=queue),
+            id=f"carry-bound-{uuid.uuid4().hex[:8]}",
+            model=stack.model,
+            continue_as_new_after_turns=1,
+        )
+        await chat.prompt("work", wait=False)
+        log = EventLog(stack.client, chat.id)
+        await log.wait_for_type("tool_execution_start")
+        for i in range(6):
+            await chat.steer(f"note {i}: " + "lorem ipsum " * 125_000)
+        await asyncio.wait_for(chat.wait_for_idle(), 90)
+        log.close()
+        messages = await chat.messages()
+        assert sum(1 for m in messages if m.role == "user" and "lorem ipsum" in str(m.content)) == 6
+        assert messages[-1].text == "read note 5"
+        assert (await chat.prompt("anyone there?"))[-1].text == "still here"
+        described = await chat.handle.describe()
+        assert described.status is not None and described.status.name == "RUNNING"
     finally:
         stop_process(process)
