@@ -258,8 +258,16 @@ class Settings:
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""
         values = (self.openai_api_key, self.temporal_api_key, self.codec_token, self.aws_secret_access_key)
-        keys = tuple(base64.b64encode(key).decode() for _, key in self.encryption_keys)
-        return tuple(v for v in (*values, *keys) if v)
+        # Every way a key may be written (taken in standard or URL-safe
+        # base64, with or without padding): a URL-safe one in a file a tool
+        # read went to the model (a security audit).
+        keys = tuple(
+            form
+            for _, key in self.encryption_keys
+            for encoded in (base64.b64encode(key).decode(), base64.urlsafe_b64encode(key).decode())
+            for form in (encoded, encoded.rstrip("="))
+        )
+        return tuple(dict.fromkeys(v for v in (*values, *keys) if v))
 
     def workflow_url(self, workflow_id: str) -> str:
         """The conversation's page in the Temporal UI."""

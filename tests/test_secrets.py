@@ -127,3 +127,22 @@ async def test_a_tool_printing_the_key_returns_it_redacted(stack: Stack) -> None
     assert result.content[0].text.startswith(f"OPENAI_API_KEY={REDACTED}\nHOME=")
     assert WORKER_KEY not in json.dumps(stack.requests()[1]["messages"])
     assert WORKER_KEY not in await history_text(stack, handle.id)
+
+
+def test_an_encryption_key_is_scrubbed_in_every_form_it_may_be_written() -> None:
+    """Keys are taken in standard or URL-safe base64, padded or not; only the
+    standard padded form was scrubbed, so a URL-safe key in a file a tool
+    read went to the model (a security audit)."""
+    import base64
+
+    from activities.redact import scrub_known
+    from runtime.settings import Settings
+
+    key = bytes(range(250, 256)) + bytes(range(26))  # '+' and '/' in standard base64
+    urlsafe = base64.urlsafe_b64encode(key).decode().rstrip("=")
+    settings = Settings.from_env({"AGENT_ENCRYPTION_KEYS": f"k1:{urlsafe}"})
+    standard = base64.b64encode(key).decode()
+    for form in (urlsafe, urlsafe + "=", standard, standard.rstrip("=")):
+        assert scrub_known(f"AGENT_ENCRYPTION_KEYS=k1:{form}\n", settings.known_secrets()) == (
+            "AGENT_ENCRYPTION_KEYS=k1:[redacted]\n"
+        ), form
