@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, Field
 
+from activities.redact import scrub_before_cutting
 from activities.tools import ToolResult, tool
 
 _OPERATORS = {
@@ -218,6 +219,14 @@ def _open_inside(path: Path, asked: str, *, directory: bool = False) -> int:
             opened = again if (same.st_dev, same.st_ino) == (status.st_dev, status.st_ino) else Path("/")
         if not _is_inside(opened, root):
             raise _outside(_shown(asked))
+        if any(part.startswith(".") for part in opened.relative_to(root).parts):
+            # A directory swapped for a link to a hidden one after the check
+            # (a security audit: 3,830 reads of 20,000 in a race).
+            raise PermissionError(
+                f"{_shown(asked)} leads to {_shown(str(opened.relative_to(root)))}, which is hidden (a name "
+                "starting with a dot): hidden files and directories (.env, .git, ...) often hold secrets "
+                "and are not read."
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -313,6 +322,7 @@ def _numbered(number: int, raw: bytes, cut: bool) -> str:
     """A line as shown: its number, its text, cut at ``MAX_LINE_CHARS``."""
     text = raw.decode("utf-8", errors="replace")
     if cut or len(text) > MAX_LINE_CHARS:
+        text = scrub_before_cutting(text)  # a secret across the cut would show its first part
         text = text[:MAX_LINE_CHARS] + f" [line cut at {MAX_LINE_CHARS} characters]"
     return f"{number:>5}  {text}"
 

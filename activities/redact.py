@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any
 
 REDACTED = "[redacted]"
@@ -95,3 +96,14 @@ def _random_looking(match: re.Match[str]) -> str:
     run = match.group(0)
     mixed = any(c.isdigit() for c in run) and any(c.isupper() for c in run) and any(c.islower() for c in run)
     return REDACTED if mixed else run
+
+
+TOOL_SECRETS: ContextVar[tuple[str, ...]] = ContextVar("agent_tool_secrets", default=())
+"""The worker's secrets while one of its tools runs (set by the tool
+runner), for a tool that cuts text before the runner scrubs its result: a
+secret cut in two no longer matches, and its first part was shown."""
+
+
+def scrub_before_cutting(text: str) -> str:
+    """``text`` with the worker's secrets taken out, for a tool about to cut it."""
+    return scrub_known(text, TOOL_SECRETS.get())

@@ -28,7 +28,7 @@ from temporalio import activity
 
 from activities.events import ActivityEventPublisher
 from activities.heartbeat import heartbeating
-from activities.redact import scrub, scrub_json, scrub_known
+from activities.redact import TOOL_SECRETS, scrub, scrub_json, scrub_known
 from activities.tools import (
     ToolArgumentsError,
     ToolContext,
@@ -127,6 +127,7 @@ class ToolActivities:
                         publish_progress=publish_progress,
                     )
                 )
+                secrets = TOOL_SECRETS.set(tuple(s for s in self._secrets if s))
                 started = time.monotonic()
                 try:
                     outcome = self._bounded(
@@ -140,6 +141,7 @@ class ToolActivities:
                     # SystemExit and the like too: going up, they stopped the worker process.
                     outcome = _error(failure_text(err))
                 finally:
+                    TOOL_SECRETS.reset(secrets)
                     _current.reset(token)
         _record_tool_metrics(call.name, time.monotonic() - started, outcome.is_error)
         outcome = self._scrubbed(outcome)

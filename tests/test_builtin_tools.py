@@ -247,6 +247,40 @@ async def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(
         builtin_tools._list_files(builtin_tools._inside_workspace(".") / "d", "d")
 
 
+async def test_a_directory_swapped_for_a_link_to_a_hidden_one_after_the_check_is_refused(
+    workspace: Path,
+) -> None:
+    """The hidden-name check ran before opening and the one after only asked
+    "inside the workspace": a directory swapped for a link to `.secrets` in
+    between was read (a security audit: 3,830 reads in 20,000)."""
+    (workspace / ".secrets").mkdir()
+    (workspace / ".secrets" / "f").write_text("HIDDEN-TOKEN")
+    (workspace / "d").mkdir()
+    (workspace / "d" / "f").write_text("public")
+    checked = builtin_tools._inside_workspace("d/f")
+    (workspace / "d" / "f").unlink()
+    (workspace / "d").rmdir()
+    (workspace / "d").symlink_to(workspace / ".secrets", target_is_directory=True)  # the swap
+    with pytest.raises(PermissionError, match=r"^'d/f' leads to '.secrets/f', which is hidden"):
+        builtin_tools._read_file(checked, ReadFileArgs(path="d/f"))
+
+
+async def test_a_secret_across_a_lines_cut_is_scrubbed_before_the_cut(workspace: Path) -> None:
+    """A line is cut at 2,000 characters before the runner scrubs the result:
+    a key across the cut no longer matched, and its first half was shown."""
+    from activities.redact import TOOL_SECRETS
+
+    secret = "sk-proj-" + "S3cr3t" * 6
+    (workspace / "config.json").write_text("x" * 1990 + secret + "y" * 100 + "\n")
+    token = TOOL_SECRETS.set((secret,))
+    try:
+        result = await read_file(ReadFileArgs(path="config.json"))
+    finally:
+        TOOL_SECRETS.reset(token)
+    text = result.content if isinstance(result.content, str) else str(result.content)
+    assert "sk-proj-S3" not in text and "[redacted]" in text
+
+
 async def test_a_fifo_is_refused_at_once(workspace: Path) -> None:
     """Opening a FIFO blocks until a writer comes: a thread of the worker's
     pool was held for good (a file swapped for one after the check)."""
