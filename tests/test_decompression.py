@@ -120,6 +120,35 @@ async def test_the_codec_server_answers_a_bomb_with_a_4xx_sentence() -> None:
     assert_one_sentence(status, text, 422, "Payload 1", "decompression bomb", "AGENT_MAX_DECOMPRESSED_BYTES")
 
 
+async def test_the_payloads_of_one_message_are_bounded_together() -> None:
+    """One signal of 20 payloads, each just under the bound (1 MB sent),
+    took a worker to 4 GB (a security audit): a message's payloads decode
+    within the bound together."""
+    from runtime.converter import refused_reason
+
+    converter = data_converter(Settings(storage="off", max_decompressed_bytes=2 * MiB))
+    codec = converter.payload_codec
+    assert codec is not None
+    under = zlib_bomb(MiB + MiB // 2)  # each alone is read
+    decoded = await codec.decode([under, under, under])
+    assert refused_reason(decoded[0]) is None
+    reason = refused_reason(decoded[1])
+    assert reason is not None and "with the other payloads of its message" in reason
+    assert refused_reason(decoded[2]) is not None
+    assert [refused_reason(p) for p in await codec.decode([under])] == [None]
+
+
+async def test_the_codec_server_bounds_what_one_request_decodes_to() -> None:
+    """8 payloads of 48 MiB (0.5 MB sent) took the codec server to 2 GB."""
+    converter = data_converter(Settings(storage="off", max_decompressed_bytes=2 * MiB))
+    under = zlib_bomb(MiB + MiB // 2)
+    async with serving(build_app(converter, CodecSettings(max_decompressed_bytes=2 * MiB))) as url:
+        status, text = await Endpoint(url).call("decode", as_json([under]))
+        assert status == 200
+        status, text = await Endpoint(url).call("decode", as_json([under] * 9))
+    assert_one_sentence(status, text, 413, "decode to more than 2,097,152 bytes", "fewer at once")
+
+
 # --- a running conversation ------------------------------------------------------------
 
 
