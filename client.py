@@ -295,6 +295,15 @@ class Conversation:
             if event.get("type") == "agent_end":
                 with contextlib.suppress(ValidationError):  # else not the workflow's (forged): none
                     return MessageList.validate_python(event["messages"])
+        # No agent_end: the conversation ended first (terminated by the server
+        # past its history limit, say), where this returned [] as if the run
+        # had made no message; or its end was not kept (see run_events).
+        ended = await self._how_it_ended(running="") if await self._has_ended() else ""
+        if ended:
+            raise ConversationNotFound(
+                f"Conversation {self.id} {ended} before run {started.run} ended: its transcript so far is "
+                f"in the `messages` query (python starter.py messages {self.id})."
+            )
         return []
 
     async def steer(self, message: Message) -> None:
@@ -379,9 +388,24 @@ class Conversation:
             return await self._update("reset", result_type=SessionState)
 
     async def state(self) -> SessionState:
-        """Status, settings in force, queues, pending approvals, counters, usage."""
+        """Status, settings in force, queues, pending approvals, counters,
+        usage. ``closed`` for a conversation that has ended however it did:
+        one terminated mid-run (by the server past its history limit, or by
+        an operator) answered ``running`` for good, as its history left it."""
         async with self._refusals():
-            return await self._query("state", SessionState)  # type: ignore[no-any-return]
+            state: SessionState = await self._query("state", SessionState)
+        if state.status != "closed" and await self._has_ended():
+            ended = {"status": "closed", "is_streaming": False, "streaming_message": None}
+            state = state.model_copy(update=ended)
+        return state
+
+    async def _has_ended(self) -> bool:
+        """The conversation's latest run has ended (False when that cannot be told)."""
+        try:
+            status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
+        except Exception:
+            return False
+        return status is not None and status != WorkflowExecutionStatus.RUNNING
 
     async def messages(self) -> list[AgentMessage]:
         """The transcript."""

@@ -652,3 +652,25 @@ async def test_state_is_asked_again_while_the_servers_query_buffer_is_full(
         await conversation.state()
     assert failing == 6  # asked again for ~3 s first
     await conversation.close()
+
+
+async def test_a_conversation_terminated_mid_run_reads_closed_and_its_prompt_says_so(stack: Stack) -> None:
+    """The server terminates a conversation past its history limit (a batch
+    of large tool results): `prompt(wait=True)` returned [] as if the run had
+    made no message, and `state` said `running` for good (a limits audit)."""
+    stack.script({"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 30}}]})
+    chat = await stack.conversation()
+    waiting = asyncio.ensure_future(chat.prompt("work"))
+
+    async def tool_running() -> bool:
+        return bool((await chat.state()).pending_tool_calls)
+
+    await until(tool_running)
+    await chat.handle.terminate("Workflow history size exceeds limit.")
+    with pytest.raises(ConversationNotFound) as ended:
+        await asyncio.wait_for(waiting, 60)
+    assert str(ended.value).startswith(f"Conversation {chat.id} was terminated before run 1 ended"), (
+        ended.value
+    )
+    state = await chat.state()
+    assert (state.status, state.is_streaming) == ("closed", False)
