@@ -36,12 +36,12 @@ from temporalio.converter import (
 from temporalio.exceptions import ApplicationError
 
 READING_CARRY: contextvars.ContextVar[bool] = contextvars.ContextVar("agent_reading_carry", default=False)
-"""Set while a worker decodes the input of a run its conversation
-continued as new to (``runtime/payload_walk.py``): the workflow's own
+"""Set while a worker decodes the arguments of a run its conversation's
+own continue-as-new started (``runtime/payload_walk.py``; not a retry's or
+a cron schedule's, which start from the client's input): the workflow's
 state, written by a worker that held it in memory, read without the
-decompression bound. A client cannot send such an input (the server sets
-a run's continued-from on continue-as-new only), and a transcript or
-queues past the bound failed the next run for good."""
+decompression bound. A transcript or queues past the bound failed the
+next run for good."""
 
 
 UNCOMPRESSED_KEY = "compression"

@@ -42,6 +42,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import ContinueAsNewInitiator
 
 from runtime.converter import READING_CARRY, REFUSED, PayloadUnreadable, refused_reason
 
@@ -163,19 +164,35 @@ def _visitor() -> Any:
     base = _SDK["Visitor"] if _SDK else object
 
     class Visitor(base):  # type: ignore[misc, valid-type]
-        """The SDK's visitor, telling the collector which payloads are the
-        input of a run continued as new (its run has a continued-from run)."""
+        """The SDK's visitor, telling the collector which payloads are a
+        run's input written by its conversation's own continue-as-new: the
+        arguments only (a run continued by a retry or a cron schedule starts
+        from the client's input; the memo, headers and the rest are bounded
+        like any payload). The SDK's own visit, with that flag around the
+        arguments (temporalio 1.35, as the rest of this module)."""
 
         async def _visit_coresdk_workflow_activation_InitializeWorkflow(self, fs: Any, o: Any) -> None:
-            fs.in_carry = bool(o.continued_from_execution_run_id)
+            fs.in_carry = o.continued_initiator == _BY_THE_WORKFLOW
             try:
-                await super()._visit_coresdk_workflow_activation_InitializeWorkflow(fs, o)
+                await self._visit_payload_container(fs, o.arguments)
             finally:
                 fs.in_carry = False
+            if not self.skip_headers:
+                for v in o.headers.values():
+                    await self._visit_temporal_api_common_v1_Payload(fs, v)
+            if o.HasField("continued_failure"):
+                await self._visit_temporal_api_failure_v1_Failure(fs, o.continued_failure)
+            if o.HasField("last_completion_result"):
+                await self._visit_temporal_api_common_v1_Payloads(fs, o.last_completion_result)
+            if o.HasField("memo"):
+                await self._visit_temporal_api_common_v1_Memo(fs, o.memo)
+            if o.HasField("search_attributes"):
+                await self._visit_temporal_api_common_v1_SearchAttributes(fs, o.search_attributes)
 
     return Visitor
 
 
+_BY_THE_WORKFLOW = ContinueAsNewInitiator.CONTINUE_AS_NEW_INITIATOR_WORKFLOW
 _Visitor = _visitor()
 
 

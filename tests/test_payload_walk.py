@@ -395,9 +395,11 @@ def test_a_replay_fails_on_a_payload_it_read_before_but_drops_a_signal_as_it_did
 
 async def test_a_continued_runs_input_is_read_past_the_decompression_bound(tmp_path: Path) -> None:
     """The input of a run continued as new is the conversation's own state
-    (no client can send one): read whatever its size, where a start input
+    (written by its own continue-as-new): read whatever its size, where a start input
     or a signal in the same activation is still bounded (a limits audit: a
     carry past AGENT_MAX_DECOMPRESSED_BYTES failed the next run for good)."""
+    from temporalio.api.enums.v1 import ContinueAsNewInitiator
+
     from runtime.converter import refused_reason
 
     bounded = data_converter(
@@ -406,22 +408,33 @@ async def test_a_continued_runs_input_is_read_past_the_decompression_bound(tmp_p
     big = plain("x" * (2 * 1024 * 1024))
     [encoded] = await bounded._encode_payload_sequence([big])
 
-    def jobs(continued_from: str) -> WorkflowActivation:
+    def jobs(initiator: int) -> WorkflowActivation:
         a = WorkflowActivation(run_id="run")
         start = a.jobs.add().initialize_workflow
         start.workflow_type = "AgentWorkflow"
-        start.continued_from_execution_run_id = continued_from
+        if initiator:
+            start.continued_from_execution_run_id = "the-run-before"
+            start.continued_initiator = initiator  # type: ignore[assignment]
         start.arguments.append(encoded)
+        start.memo.fields["note"].CopyFrom(encoded)  # the client's, carried as it was
         signal = a.jobs.add().signal_workflow
         signal.signal_name = "steer"
         signal.input.append(encoded)
         return a
 
-    carried = jobs("the-run-before")
+    carried = jobs(ContinueAsNewInitiator.CONTINUE_AS_NEW_INITIATOR_WORKFLOW)
     await payload_walk.decode_activation(carried, bounded, False, 4)
     assert carried.jobs[0].initialize_workflow.arguments[0] == big
+    assert refused_reason(carried.jobs[0].initialize_workflow.memo.fields["note"]) is not None
     assert refused_reason(carried.jobs[1].signal_workflow.input[0]) is not None  # a signal: bounded
 
-    started = jobs("")
-    await payload_walk.decode_activation(started, bounded, False, 4)
-    assert refused_reason(started.jobs[0].initialize_workflow.arguments[0]) is not None
+    # A run started anew, or continued by a retry or a cron schedule (from the
+    # client's own input: a review found these read unbounded).
+    for initiator in (
+        0,
+        ContinueAsNewInitiator.CONTINUE_AS_NEW_INITIATOR_RETRY,
+        ContinueAsNewInitiator.CONTINUE_AS_NEW_INITIATOR_CRON_SCHEDULE,
+    ):
+        started = jobs(initiator)
+        await payload_walk.decode_activation(started, bounded, False, 4)
+        assert refused_reason(started.jobs[0].initialize_workflow.arguments[0]) is not None, initiator

@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.inputs import (
         InputError,
-        check_images,
+        check_prompts,
         clean_json,
         json_type,
         no_arguments,
@@ -679,9 +679,11 @@ class AgentWorkflow:
     @_refusing
     def _validate_prompt(self, *args: Any) -> None:
         self._session.check_accepts_run()
-        # Images are checked here only: the validator does not run on
-        # replay, so a prompt accepted before this check replays as it ran.
-        check_images(prompt_messages(single_argument(args, "prompt"), self._now_ms))
+        # Images, blank text parts and an empty role are checked here only:
+        # the validator does not run on replay, so a prompt accepted before
+        # these checks replays as it ran (a steer or follow-up signal, which
+        # has no validator, takes them as before).
+        check_prompts(prompt_messages(single_argument(args, "prompt"), self._now_ms))
 
     @workflow.update(name="continue")
     async def continue_(self, *args: Any) -> PromptResult:

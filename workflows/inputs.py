@@ -115,10 +115,6 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
             message = message.model_copy(update={"timestamp": now_ms()})
         return message
     if isinstance(message, CustomMessage):
-        if not message.role.strip():
-            raise InputError(
-                'The message\'s role is empty: send {"role": "user", ...} or name your own role.'
-            )
         return message
     raise InputError(
         f"A message with role `{getattr(message, 'role', '?')}` cannot be sent: "
@@ -174,9 +170,19 @@ def image_base64(image: ImageContent) -> str:
     return data + "=" * (-len(data) % 4)
 
 
-def check_images(messages: list[AgentMessage]) -> None:
-    """Refuse (``InputError``) messages with an image a model would refuse."""
+def check_prompts(messages: list[AgentMessage]) -> None:
+    """Refuse (``InputError``) messages with an image a model would refuse,
+    text parts that are all blank (``""`` was refused, ``[{"type": "text",
+    "text": ""}]`` taken) or an empty role. For a validator: it does not run
+    on replay, so a prompt accepted before these checks replays as it ran."""
     for message in messages:
+        if isinstance(message, CustomMessage) and not message.role.strip():
+            raise InputError(
+                'The message\'s role is empty: send {"role": "user", ...} or name your own role.'
+            )
+        if isinstance(message, UserMessage) and not isinstance(message.content, str):
+            if all(isinstance(part, TextContent) and not part.text.strip() for part in message.content):
+                raise InputError("The message has no content: send some text or an image.")
         if isinstance(message, UserMessage) and not isinstance(message.content, str):
             for block in message.content:
                 if isinstance(block, ImageContent):
@@ -246,8 +252,6 @@ def json_type(value: Any) -> str:
 
 
 def _is_empty(content: Any) -> bool:
-    """No text but blanks and no image (``""`` was refused, ``[{"type":
-    "text", "text": ""}]`` taken)."""
     if isinstance(content, str):
         return not content.strip()
-    return all(isinstance(part, TextContent) and not part.text.strip() for part in content)
+    return not content
