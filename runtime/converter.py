@@ -19,6 +19,7 @@ sentence.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 from collections.abc import Sequence
@@ -42,6 +43,21 @@ a cron schedule's, which start from the client's input): the workflow's
 state, written by a worker that held it in memory, read without the
 decompression bound. A transcript or queues past the bound failed the
 next run for good."""
+
+
+class DecodeBudget:
+    """What the payloads read together (one codec server request) may still
+    decompress to; their decompression takes turns, so the bound holds
+    whatever is fetched at once."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.turn = asyncio.Lock()
+
+
+DECODE_BUDGET: contextvars.ContextVar[DecodeBudget | None] = contextvars.ContextVar(
+    "agent_decode_budget", default=None
+)
 
 
 UNCOMPRESSED_KEY = "compression"

@@ -42,11 +42,13 @@ from temporalio.converter import (
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
 from activities.redact import scrub
 from runtime.converter import (
+    DECODE_BUDGET,
     READING_CARRY,
     UNCOMPRESSED,
     UNCOMPRESSED_KEY,
     AgentPayloadConverter,
     refused_payload,
+    refused_reason,
 )
 from runtime.encryption import CodecChain, EncryptionCodec, keyring
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings, SettingsError
@@ -390,6 +392,16 @@ class CompressionCodec(PayloadCodec):
     async def _decode(self, payload: Payload, limit: int | None) -> Payload:
         if payload.metadata.get("encoding") != _ZLIB:
             return payload
+        budget = DECODE_BUDGET.get()
+        if budget is None or limit is None:
+            return await self._inflate(payload, limit)
+        async with budget.turn:
+            plain = await self._inflate(payload, min(limit, budget.left))
+            if refused_reason(plain) is None:
+                budget.left = max(0, budget.left - plain.ByteSize())
+            return plain
+
+    async def _inflate(self, payload: Payload, limit: int | None) -> Payload:
         if len(payload.data) < _INFLATE_IN_THREAD_BYTES:
             return self.decompress(payload.data, limit)
         # zlib lets go of the GIL while it inflates: the event loop (and the
@@ -406,7 +418,7 @@ class CompressionCodec(PayloadCodec):
         except zlib.error:
             return refused_payload(_NOT_ZLIB)
         if bound is not None and len(plain) > bound:
-            together = "" if bound == self._max else ", with the other payloads of its message,"
+            together = "" if bound == self._max else ", with the other payloads read with it,"
             return refused_payload(
                 f"decompresses{together} to more than {self._max:,} bytes (AGENT_MAX_DECOMPRESSED_BYTES), "
                 "so it was refused as a decompression bomb"
