@@ -322,8 +322,8 @@ def _numbered(number: int, raw: bytes, cut: bool) -> str:
     """A line as shown: its number, its text, cut at ``MAX_LINE_CHARS``."""
     text = raw.decode("utf-8", errors="replace")
     if cut or len(text) > MAX_LINE_CHARS:
-        text = scrub_before_cutting(text)  # a secret across the cut would show its first part
-        text = text[:MAX_LINE_CHARS] + f" [line cut at {MAX_LINE_CHARS} characters]"
+        text = scrub_before_cutting(text, MAX_LINE_CHARS)  # a secret across the cut showed its first part
+        text += f" [line cut at {MAX_LINE_CHARS} characters]"
     return f"{number:>5}  {text}"
 
 

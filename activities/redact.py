@@ -104,6 +104,15 @@ runner), for a tool that cuts text before the runner scrubs its result: a
 secret cut in two no longer matches, and its first part was shown."""
 
 
-def scrub_before_cutting(text: str) -> str:
-    """``text`` with the worker's secrets taken out, for a tool about to cut it."""
-    return scrub_known(text, TOOL_SECRETS.get())
+def scrub_before_cutting(text: str, keep: int) -> str:
+    """The first ``keep`` characters of ``text``, with the worker's secrets
+    taken out, and the start of one that runs past them (or past the end
+    of ``text``, itself cut before: 8,000 bytes of a line of emoji are
+    2,000 characters) too: cut in two, the runner's scrub would not match."""
+    secrets = [s for s in TOOL_SECRETS.get() if len(s) >= MIN_KNOWN_SECRET_CHARS]
+    shown = scrub_known(text, secrets)[:keep]
+    for secret in secrets:
+        for length in range(len(secret) - 1, MIN_KNOWN_SECRET_CHARS // 2 - 1, -1):
+            if shown.endswith(secret[:length]):
+                return shown[: len(shown) - length] + REDACTED
+    return shown

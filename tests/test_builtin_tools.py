@@ -280,6 +280,19 @@ async def test_a_secret_across_a_lines_cut_is_scrubbed_before_the_cut(workspace:
     text = result.content if isinstance(result.content, str) else str(result.content)
     assert "sk-proj-S3" not in text and "[redacted]" in text
 
+    # A line read only to 8,000 bytes: of 4-byte characters, that is the
+    # 2,000 shown, and a key after 1,990 of them was cut before the scrub
+    # (a review: its first 10 characters showed).
+    key = "ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo0NTY3ODkwMTIz"
+    (workspace / "emoji.txt").write_text("\U0001f600" * 1990 + key + "\n")
+    token = TOOL_SECRETS.set((key,))
+    try:
+        result = await read_file(ReadFileArgs(path="emoji.txt"))
+    finally:
+        TOOL_SECRETS.reset(token)
+    text = result.content if isinstance(result.content, str) else str(result.content)
+    assert "ZGVmZ2" not in text and "[redacted] [line cut at 2000 characters]" in text
+
 
 async def test_a_fifo_is_refused_at_once(workspace: Path) -> None:
     """Opening a FIFO blocks until a writer comes: a thread of the worker's
