@@ -115,12 +115,13 @@ async def test_tool_output_above_the_cap_is_cut_with_a_note(stack: Stack) -> Non
 async def test_a_turn_of_large_tool_results_continues_as_new(
     stack: Stack, worker_env: dict[str, str], artifacts: Path
 ) -> None:
-    """A continue-as-new carried the stream's last event whatever its size,
+    """A continue-as-new carries the stream's last event whatever its size,
     and a turn's `turn_end` holds all its tool results (base64 in the
     carry): 150 results of 200 KiB took the next run's input past
     AGENT_MAX_DECOMPRESSED_BYTES, its start failed, and the conversation
     with it, for good (a chaos audit). The same at a limit of 8 MiB: 24
-    results of 150 KiB (a 4.9 MB turn_end) with a switch after every turn."""
+    results of 150 KiB (a 4.9 MB turn_end) with a switch after every turn;
+    a continued run's input is read without the bound."""
     from client import Conversation
 
     queue = f"agent-carry-{uuid.uuid4().hex[:6]}"
@@ -144,8 +145,7 @@ async def test_a_turn_of_large_tool_results_continues_as_new(
         assert (await chat.prompt("anyone there?"))[-1].text == "still here"
         state = await chat.state()
         assert state.status == "idle" and state.runs == 2
-        described = await chat.handle.describe()
-        assert described.run_id != chat.handle.first_execution_run_id  # it did continue as new
+        assert await runs_of(stack, chat.id) >= 2  # it did continue as new
     finally:
         stop_process(process)
 
@@ -191,5 +191,40 @@ async def test_a_carry_larger_than_the_decompression_bound_is_read(
         assert (await chat.prompt("anyone there?"))[-1].text == "still here"
         described = await chat.handle.describe()
         assert described.status is not None and described.status.name == "RUNNING"
+        assert await runs_of(stack, chat.id) >= 2
     finally:
         stop_process(process)
+
+
+async def test_a_prompt_reads_its_runs_end_across_an_idle_switch(
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """A run of 200 tool calls passes the 500 events after which an idle
+    conversation continues as new at once, before a reader behind has read
+    its agent_end (all 200 results, 6 MB): the carry keeps the last event
+    whatever its size, so `prompt` gets it (a trial that left it behind
+    when over 4 MB left the prompt waiting for good)."""
+    from client import Conversation
+
+    queue = f"agent-idle-end-{uuid.uuid4().hex[:6]}"
+    process = start_worker({**worker_env, "TEMPORAL_TASK_QUEUE": queue}, ["tests.support.tools"])
+    try:
+        calls = [
+            {"id": f"b{i}", "name": "bulky", "arguments": {"tag": f"t{i}", "kib": 24}} for i in range(200)
+        ]
+        stack.script({"tool_calls": calls}, {"text": "all read"}, {"text": "still here"})
+        settings = Settings.from_env(task_queue=queue)
+        chat = await Conversation.start(
+            stack.client, settings, id=f"idle-end-{uuid.uuid4().hex[:8]}", model=stack.model
+        )
+        new = await asyncio.wait_for(chat.prompt("Run the bulky tool."), 60)
+        assert [m.role for m in new].count("toolResult") == 200 and new[-1].text == "all read"
+        assert (await chat.prompt("anyone there?"))[-1].text == "still here"
+        assert await runs_of(stack, chat.id) >= 2  # it did continue as new
+    finally:
+        stop_process(process)
+
+
+async def runs_of(stack: Stack, workflow_id: str) -> int:
+    """How many runs the conversation has had (continue-as-new makes one more)."""
+    return len([run async for run in stack.client.list_workflows(f"WorkflowId = '{workflow_id}'")])

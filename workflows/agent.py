@@ -233,7 +233,6 @@ class AgentWorkflow:
         self._calls_counted: tuple[AgentMessage, int] | None = None
         self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
-        self._end_offered = False  # readers were given their grace to read a last event too large to carry
         self._counters_published_at: datetime | None = None  # this run's last counters upsert
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
         if session_input.prompt is not None and self._input_error is None:
@@ -318,18 +317,11 @@ class AgentWorkflow:
             )
             if session.pending is not None:
                 pending, session.pending = session.pending, None
-                self._end_offered = False
                 await self._start_run(pending)
             elif session.closing:
                 await self._let_subscribers_catch_up()
                 break
             elif self._continue_as_new_due() or self._versions.has(IDLE_SWITCH_PATCH):
-                if not self._end_offered and not self._stream.last_event_carried():
-                    # The run's agent_end is too large to carry: its readers
-                    # get their grace to read it before it is left behind.
-                    self._end_offered = True
-                    await self._let_subscribers_catch_up()
-                    continue  # a message may have come meanwhile
                 await self._continue_as_new(idle=True)
             else:
                 self._idle_switch_refused = True  # a conversation from before idle switches

@@ -300,35 +300,20 @@ class EventStream:
 
     def state_for_carry(self, keep: int) -> WorkflowStreamState:
         """The stream's state, keeping the last ``keep`` events, and of
-        those only the newest ``STREAM_BYTES_CARRIED``: events of tool calls
-        with megabytes of arguments or results would otherwise make the
-        next run's input too large to read (subscribers behind read on from
-        the oldest kept, and are told what they missed). Not even the last
-        event when it alone is larger: a turn's ``turn_end`` holds all its
-        tool results (base64 here), and one of 150 results of 200 KiB took
-        the next run's input past AGENT_MAX_DECOMPRESSED_BYTES (its start
-        failed, the conversation with it)."""
+        those only the newest ``STREAM_BYTES_CARRIED`` (the last one always):
+        events of tool calls with megabytes of arguments would otherwise make
+        the next run's input too large to read (subscribers behind read on
+        from the oldest kept)."""
         self._stream.truncate(max(0, self.offset() - keep))
         state = self._stream.get_state()
-        start, carried = len(state.log), 0
+        start = len(state.log) - 1  # the last event, whatever its size
+        carried = len(state.log[start].data) if state.log else 0
         while start > 0 and carried + len(state.log[start - 1].data) <= STREAM_BYTES_CARRIED:
             start -= 1
             carried += len(state.log[start].data)
         if start <= 0:
             return state
         return dataclasses.replace(state, log=state.log[start:], base_offset=state.base_offset + start)
-
-    def last_event_carried(self) -> bool:
-        """Whether ``state_for_carry`` would keep the newest event (not when
-        it alone is larger than ``STREAM_BYTES_CARRIED``)."""
-        read = workflow.get_query_handler(POLL_UPDATE)
-        if read is None or self.offset() == 0:
-            return True
-        try:
-            batch: PollResult = read(PollInput(topics=[EVENTS_TOPIC], from_offset=self.offset() - 1))
-        except Exception:  # carried without it already
-            return True
-        return all(len(item.data) <= STREAM_BYTES_CARRIED for item in batch.items)
 
     def all_read(self) -> bool:
         return not self.polled or self.delivered >= self.offset()
