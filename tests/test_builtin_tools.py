@@ -265,19 +265,24 @@ async def test_a_directory_swapped_for_a_link_to_a_hidden_one_after_the_check_is
         builtin_tools._read_file(checked, ReadFileArgs(path="d/f"))
 
 
+async def read_holding(path: str, secret: str) -> str:
+    """What read_file shows of ``path`` while the worker holds ``secret``."""
+    from activities.redact import TOOL_SECRETS
+
+    token = TOOL_SECRETS.set((secret,))
+    try:
+        result = await read_file(ReadFileArgs(path=path))
+    finally:
+        TOOL_SECRETS.reset(token)
+    return result.content if isinstance(result.content, str) else str(result.content)
+
+
 async def test_a_secret_across_a_lines_cut_is_scrubbed_before_the_cut(workspace: Path) -> None:
     """A line is cut at 2,000 characters before the runner scrubs the result:
     a key across the cut no longer matched, and its first half was shown."""
-    from activities.redact import TOOL_SECRETS
-
     secret = "sk-proj-" + "S3cr3t" * 6
     (workspace / "config.json").write_text("x" * 1990 + secret + "y" * 100 + "\n")
-    token = TOOL_SECRETS.set((secret,))
-    try:
-        result = await read_file(ReadFileArgs(path="config.json"))
-    finally:
-        TOOL_SECRETS.reset(token)
-    text = result.content if isinstance(result.content, str) else str(result.content)
+    text = await read_holding("config.json", secret)
     assert "sk-proj-S3" not in text and "[redacted]" in text
 
     # A line read only to 8,000 bytes: of 4-byte characters, that is the
@@ -285,12 +290,7 @@ async def test_a_secret_across_a_lines_cut_is_scrubbed_before_the_cut(workspace:
     # (a review: its first 10 characters showed).
     key = "ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo0NTY3ODkwMTIz"
     (workspace / "emoji.txt").write_text("\U0001f600" * 1990 + key + "\n")
-    token = TOOL_SECRETS.set((key,))
-    try:
-        result = await read_file(ReadFileArgs(path="emoji.txt"))
-    finally:
-        TOOL_SECRETS.reset(token)
-    text = result.content if isinstance(result.content, str) else str(result.content)
+    text = await read_holding("emoji.txt", key)
     assert "ZGVmZ2" not in text and "[redacted] [line cut at 2000 characters]" in text
 
 

@@ -128,9 +128,7 @@ async def test_a_turn_of_large_tool_results_continues_as_new(
     env = {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_MAX_DECOMPRESSED_BYTES": str(8 * 1024 * 1024)}
     process = start_worker(env, ["tests.support.tools"], artifacts / "worker-carry.log")
     try:
-        calls = [
-            {"id": f"b{i}", "name": "bulky", "arguments": {"tag": f"t{i}", "kib": 150}} for i in range(24)
-        ]
+        calls = bulky_calls(24, kib=150)
         stack.script({"tool_calls": calls}, {"text": "all read"}, {"text": "still here"})
         settings = Settings.from_env(task_queue=queue)
         chat = await Conversation.start(
@@ -209,9 +207,7 @@ async def test_a_prompt_reads_its_runs_end_across_an_idle_switch(
     queue = f"agent-idle-end-{uuid.uuid4().hex[:6]}"
     process = start_worker({**worker_env, "TEMPORAL_TASK_QUEUE": queue}, ["tests.support.tools"])
     try:
-        calls = [
-            {"id": f"b{i}", "name": "bulky", "arguments": {"tag": f"t{i}", "kib": 24}} for i in range(200)
-        ]
+        calls = bulky_calls(200, kib=24)
         stack.script({"tool_calls": calls}, {"text": "all read"}, {"text": "still here"})
         settings = Settings.from_env(task_queue=queue)
         chat = await Conversation.start(
@@ -228,3 +224,8 @@ async def test_a_prompt_reads_its_runs_end_across_an_idle_switch(
 async def runs_of(stack: Stack, workflow_id: str) -> int:
     """How many runs the conversation has had (continue-as-new makes one more)."""
     return len([run async for run in stack.client.list_workflows(f"WorkflowId = '{workflow_id}'")])
+
+
+def bulky_calls(count: int, *, kib: int) -> list[dict[str, Any]]:
+    """One answer's calls of the test tool ``bulky``, ``kib`` KiB of output each."""
+    return [{"id": f"b{i}", "name": "bulky", "arguments": {"tag": f"t{i}", "kib": kib}} for i in range(count)]
