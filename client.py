@@ -277,9 +277,9 @@ class Conversation:
         """``(offset, event)`` of the run ``started`` names, up to and
         including its ``agent_end`` (fewer when the conversation ends first).
         Runs never overlap, so the first ``agent_end`` from its offset is its own.
-        A reader behind by more than a continue-as-new carries may miss it
-        (an ``agent_end`` too large to carry): a second ``agent_start`` is
-        then the next run's, and this run's events end before it."""
+        A reader behind by more than a continue-as-new carries may miss it:
+        a second ``agent_start`` is then the next run's, and this run's
+        events end before it."""
         begun = False
         async for offset, event in self.events(started.event_offset, on_skipped=on_skipped):
             if event.get("type") == "agent_start":
@@ -298,7 +298,7 @@ class Conversation:
         # No agent_end: the conversation ended first (terminated by the server
         # past its history limit, say), where this returned [] as if the run
         # had made no message; or its end was not kept (see run_events).
-        ended = await self._how_it_ended(running="") if await self._has_ended() else ""
+        ended = await self._how_it_ended(running="", unknown="")
         if ended:
             raise ConversationNotFound(
                 f"Conversation {self.id} {ended} before run {started.run} ended: its transcript so far is "
@@ -422,15 +422,14 @@ class Conversation:
             try:
                 return await self.handle.query(name, result_type=result_type)
             except RPCError as err:
-                if _task_failing(err) and failures >= _FAILING_TASK_RETRIES:
+                failing = _task_failing(err)
+                if failing and failures >= _FAILING_TASK_RETRIES:
                     raise Refused(
                         f"Conversation {self.id} cannot answer now: its workflow task is failing (the "
                         "worker's log says why; a tool that blocks the worker's event loop does this). "
                         "Ask again once it is fixed."
                     ) from err
-                if not (err.status == RPCStatusCode.RESOURCE_EXHAUSTED or _task_failing(err)):
-                    raise
-                if failures >= MAX_RETRIES:
+                if not (failing or err.status == RPCStatusCode.RESOURCE_EXHAUSTED) or failures >= MAX_RETRIES:
                     raise
                 await asyncio.sleep(_backoff(failures))
                 failures += 1
@@ -530,11 +529,11 @@ class Conversation:
                 f"No conversation has the id {self.id}: check it, or start one (python starter.py start)."
             ) from err
 
-    async def _how_it_ended(self, running: str = "has ended") -> str:
+    async def _how_it_ended(self, running: str = "has ended", unknown: str = "has ended") -> str:
         """``has ended``, or how it did when not by completing: a failed
         conversation's reason is read here, through this client's converter
         (with encryption on, the UI and the CLI show only "Encoded failure");
-        ``running`` when it has not ended."""
+        ``running`` when it has not ended, ``unknown`` when the server does not say."""
         try:
             status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
             if status == WorkflowExecutionStatus.RUNNING:
@@ -546,7 +545,7 @@ class Conversation:
                     reason = _readable(getattr(failed.cause, "message", None) or str(failed.cause))
                     return f"failed ({reason.rstrip('.')})"
         except Exception:  # the sentence without its detail
-            return "has ended"
+            return unknown
         return _ENDINGS.get(status, "has ended") if status is not None else "has ended"
 
 

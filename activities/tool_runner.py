@@ -79,6 +79,7 @@ class ToolActivities:
     ) -> None:
         self._tools = tools
         self._secrets = tuple(secrets)
+        self._tool_secrets = tuple(s for s in self._secrets if s)  # what a running tool may scrub
         self._output_cap = output_cap
         self._output_dir = output_dir.resolve()
 
@@ -127,7 +128,7 @@ class ToolActivities:
                         publish_progress=publish_progress,
                     )
                 )
-                secrets = TOOL_SECRETS.set(tuple(s for s in self._secrets if s))
+                secrets = TOOL_SECRETS.set(self._tool_secrets)
                 started = time.monotonic()
                 try:
                     outcome = self._bounded(

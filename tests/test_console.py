@@ -360,7 +360,17 @@ async def starter_with_stderr(
     dev_server: DevServer, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> tuple[int, str, str]:
     """Run ``starter.py`` to the end; its exit code, stdout and stderr."""
-    process = await asyncio.create_subprocess_exec(
+    process = await spawn_starter(dev_server, *args, env=env, cwd=cwd)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def spawn_starter(
+    dev_server: DevServer, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> asyncio.subprocess.Process:
+    """``starter.py`` started against ``dev_server``, its stdout and stderr piped."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "starter.py"),
         *args,
@@ -369,9 +379,6 @@ async def starter_with_stderr(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
-    assert process.returncode is not None
-    return process.returncode, stdout.decode(), stderr.decode()
 
 
 async def test_starter_says_in_one_line_that_the_payload_store_cannot_be_written(
@@ -1074,16 +1081,7 @@ async def test_watch_of_an_ended_conversation_no_worker_can_replay_says_what_it_
         "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
     )
     await handle.terminate("test")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "starter.py"),
-        "watch",
-        handle.id,
-        cwd=ROOT,
-        env=client_env(stack.dev_server),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await spawn_starter(stack.dev_server, "watch", handle.id)
     assert process.stderr is not None
     try:
         line = await asyncio.wait_for(process.stderr.readline(), 20)

@@ -183,7 +183,6 @@ def check_prompts(messages: list[AgentMessage]) -> None:
         if isinstance(message, UserMessage) and not isinstance(message.content, str):
             if all(isinstance(part, TextContent) and not part.text.strip() for part in message.content):
                 raise InputError("The message has no content: send some text or an image.")
-        if isinstance(message, UserMessage) and not isinstance(message.content, str):
             for block in message.content:
                 if isinstance(block, ImageContent):
                     problem = image_problem(block)
