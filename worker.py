@@ -119,7 +119,6 @@ def build_worker(
         # tool as a plain activity.
         legacy_tools={d.name: d.model_copy(update={"local": False}) for d in declared},
         default_model=settings.default_model,
-        track_subscribers=not settings.sdk_fallbacks,
     )
     if llm is not None and (transform_context or convert_to_llm):
         raise ValueError("Pass transform_context and convert_to_llm to LlmActivities when you pass llm.")
@@ -151,7 +150,12 @@ def build_worker(
         output_dir=settings.tool_output_dir,
         secrets=settings.known_secrets(),
     )
-    session = SessionActivities(settings.default_model, declared, search_attributes=search_attributes)
+    session = SessionActivities(
+        settings.default_model,
+        declared,
+        search_attributes=search_attributes,
+        track_subscribers=not settings.sdk_fallbacks,
+    )
     return Worker(
         client,
         task_queue=settings.task_queue,

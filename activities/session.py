@@ -14,10 +14,23 @@ from workflows.models import ToolDeclaration
 class SessionActivities:
     """Register ``SessionActivities(model, tools).session_defaults``;
     ``search_attributes`` says whether the server has the agent's search
-    attributes (checked when the worker starts)."""
+    attributes (checked when the worker starts); ``track_subscribers``
+    False forces the stream's fallback (``AGENT_SDK_FALLBACKS``)."""
 
-    def __init__(self, model: str, tools: list[ToolDeclaration], *, search_attributes: bool = False) -> None:
-        self._defaults = SessionDefaults(model=model, tools=tools, search_attributes=search_attributes)
+    def __init__(
+        self,
+        model: str,
+        tools: list[ToolDeclaration],
+        *,
+        search_attributes: bool = False,
+        track_subscribers: bool = True,
+    ) -> None:
+        self._defaults = SessionDefaults(
+            model=model,
+            tools=tools,
+            search_attributes=search_attributes,
+            track_subscribers=None if track_subscribers else False,
+        )
 
     @activity.defn(name="session_defaults")
     async def session_defaults(self) -> SessionDefaults:

@@ -9,17 +9,25 @@ worker: they replay the same on a worker whose tools differ."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 import activities.builtin_tools  # noqa: F401  (the registry the v1 recordings saw)
 import tests.support.tools  # noqa: F401
 from activities.tools import declarations, registered_tools
+from client import start_conversation
+from runtime import payload_walk
 from runtime.payloads import data_converter_from_env
 from runtime.sandbox import workflow_runner
+from runtime.settings import Settings
+from tests.support.stack import Stack
+from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
 from workflows.models import ToolDeclaration
@@ -182,3 +190,44 @@ async def test_a_legacy_history_does_depend_on_the_workers_tools() -> None:
     changed = {d.name: d for d in declarations(registered_tools()) if d.name != "echo"}
     with pytest.raises(Exception, match=r"[Nn]ondetermin"):
         await replay(ROOT / "v1" / "tools.json", changed)
+
+
+async def test_a_conversation_replays_alike_on_workers_with_and_without_the_sdk_fallbacks(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """AGENT_SDK_FALLBACKS decides how a completing conversation waits for
+    its subscribers (a plain timer, or none once they have all read): the
+    conversation records the choice when it starts, so a worker with the
+    other setting replays it as it ran."""
+    histories = {}
+    for fallbacks in ("on", "off"):
+        queue = f"fallbacks-{fallbacks}-{uuid.uuid4().hex[:6]}"
+        stack.script({"text": "hello"})
+        try:
+            settings = Settings.from_env({**worker_env, "AGENT_SDK_FALLBACKS": fallbacks}, task_queue=queue)
+            async with build_worker(stack.client, settings):
+                handle = await start_conversation(
+                    stack.client,
+                    f"{queue}-conversation",
+                    {"model": stack.model, "prompt": "hi", "closeWhenIdle": True},
+                    task_queue=queue,
+                )
+                await asyncio.wait_for(handle.result(), 30)
+        finally:
+            payload_walk.install(True)
+        histories[fallbacks] = history = await handle.fetch_history()
+        timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+        assert bool(timers) is (fallbacks == "on"), "the setting decides a command"
+    for history in histories.values():
+        for walk in (True, False):  # the worker's payload walk, and the SDK's own passes
+            payload_walk.install(walk)
+            try:
+                for precompile in (True, False):  # the worker's sandbox, and the stock one
+                    await Replayer(
+                        workflows=[AgentWorkflow],
+                        data_converter=data_converter_from_env(),
+                        workflow_runner=workflow_runner(precompile=precompile),
+                        interceptors=[BindingsInterceptor(WorkflowBindings())],
+                    ).replay_workflow(history)
+            finally:
+                payload_walk.install(True)

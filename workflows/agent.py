@@ -286,8 +286,6 @@ class AgentWorkflow:
     async def run(self, *args: Any) -> SessionResult:
         session = self._session
         self._versions.start()
-        if not self._bindings.track_subscribers:
-            self._stream.tracking = False  # forced fallback: the linger is a plain timer
         # A start input refused fails the conversation at once; a `state` query says `closed`.
         if self._input_error:
             session.closing = True
@@ -296,6 +294,8 @@ class AgentWorkflow:
             session.closing = True
             raise refusal(self._strict_input_error)
         await self._record_worker_defaults()
+        if not session.track_subscribers:
+            self._stream.tracking = False  # recorded fallback: the linger is a plain timer
         self._update_details()
         if session.run is not None:
             await self._resume_run()
@@ -349,6 +349,7 @@ class AgentWorkflow:
             defaults = await self._calls.session_defaults()
             session.declared = {tool.name: tool for tool in defaults.tools or []}
             session.search_attributes = defaults.search_attributes
+            session.track_subscribers = defaults.track_subscribers is not False
             settings.model = settings.model or defaults.model
         elif session.declared is None:
             session.declared = dict(self._bindings.legacy_tools)

@@ -40,8 +40,6 @@ class WorkflowBindings:
     """The worker's default model: what the first task records for a
     conversation started without one (a `state` query asked before that
     answers with it)."""
-    track_subscribers: bool = True
-    """False forces the stream's fallback (CI runs the suite both ways)."""
 
 
 class BindingsInterceptor(Interceptor):

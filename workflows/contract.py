@@ -136,6 +136,8 @@ class SessionCarry(WireModel):
     """Tool calls waiting for approval (their run continues in the next run)."""
     decisions: list[ApprovalRequest] = Field(default_factory=list)
     """Decisions that arrived while the conversation was continuing as new."""
+    track_subscribers: bool | None = None
+    """As recorded in ``SessionDefaults`` (None: True)."""
     search_attributes: bool = False
     published: dict[str, Any] = Field(default_factory=dict)
     """The search attribute values last upserted."""
@@ -150,6 +152,12 @@ class SessionDefaults(WireModel):
     model: str
     tools: list[ToolDeclaration] | None = None
     search_attributes: bool = False
+    track_subscribers: bool | None = None
+    """False: the worker does not track the stream's subscribers (its SDK
+    fallbacks are on), so a completing conversation lingers by a plain
+    timer. Recorded rather than read from the worker, because it decides
+    a command: every worker replays the conversation as it ran. None
+    (left out of the JSON, as in recordings made before it existed): True."""
 
 
 class PromptResult(WireModel):

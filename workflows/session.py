@@ -99,6 +99,9 @@ class Session:
         self.approvals: dict[str, PendingApproval] = {a.tool_call_id: a for a in carry.approvals}
         self.decisions: dict[str, ApprovalRequest] = {d.tool_call_id: d for d in carry.decisions}
         self.search_attributes = carry.search_attributes
+        # Whether the stream's subscribers are tracked, as the conversation
+        # recorded when it started (SessionDefaults.track_subscribers).
+        self.track_subscribers = carry.track_subscribers is not False
         self.published: dict[str, Any] = dict(carry.published)
 
     # --- status -------------------------------------------------------------------
@@ -374,6 +377,7 @@ class Session:
             decisions=list(self.decisions.values()),
             search_attributes=self.search_attributes,
             published=self.published,
+            track_subscribers=None if self.track_subscribers else False,
         )
 
     def search_attribute_values(self) -> dict[str, Any]:
