@@ -16,16 +16,16 @@ their cause, whose text would otherwise be stored beside them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import html
 import inspect
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import openai
@@ -469,23 +469,40 @@ _PERMANENT_WORDS = ("context_length_exceeded", "context length", "invalid_reques
 
 
 def _retry_after(response: Any) -> timedelta | None:
-    """Retry-After (seconds or HTTP date) or retry-after-ms, capped at 5 min."""
+    """Retry-After (seconds or HTTP date) or retry-after-ms, capped at 5 min;
+    None when absent or unreadable (a proxy's "soon", "NaN" or a bad date:
+    the attempt is still retried, by the activity's own backoff)."""
     headers = response.headers
     seconds: float | None = None
     if "retry-after-ms" in headers:
-        with contextlib.suppress(ValueError):
-            seconds = float(headers["retry-after-ms"]) / 1000
+        milliseconds = _finite(headers["retry-after-ms"])
+        seconds = None if milliseconds is None else milliseconds / 1000
     elif "retry-after" in headers:
         value = headers["retry-after"]
-        try:
-            seconds = float(value)
-        except ValueError:
-            parsed = email.utils.parsedate_to_datetime(value) if value else None
-            if parsed is not None:
-                seconds = parsed.timestamp() - time.time()
+        seconds = _finite(value)
+        if seconds is None:
+            seconds = _seconds_until(value)
     if seconds is None:
         return None
     return timedelta(seconds=min(max(seconds, 0.0), 300.0))
+
+
+def _finite(text: str) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _seconds_until(http_date: str) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, by RFC 5322
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp() - time.time()
 
 
 async def _maybe_await(value: Any) -> Any:

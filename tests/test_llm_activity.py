@@ -8,12 +8,13 @@ import base64
 import json
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.llm import LlmActivities
+from activities.llm import LlmActivities, _classify
 from activities.openai_chat import (
     MAX_TOOL_CALLS_PER_ANSWER,
     StreamAssembler,
@@ -680,3 +681,32 @@ async def test_a_context_hook_that_changes_messages_in_place_is_sent_what_it_cha
                 await ActivityEnvironment().run(llm.stream_assistant_response, request)
     # The default hooks leave the message as the last edit made it.
     assert sent == ["edit 1", "edit 2", "edit 2", "edit 2"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "delay"),
+    [
+        ({"retry-after": "2"}, 2.0),
+        ({"retry-after-ms": "1500"}, 1.5),
+        ({"retry-after": "86400"}, 300.0),  # capped
+        ({"retry-after": "soon"}, None),
+        ({"retry-after": "NaN"}, None),
+        ({"retry-after": "inf"}, None),
+        ({"retry-after-ms": "nan"}, None),
+        ({"retry-after": "Mon, 99 Foo 2026 99:99:99 GMT"}, None),
+        ({"retry-after": "Thu, 01 Jan 1970 00:00:00 -0000"}, 0.0),  # a date past, without a zone
+        ({}, None),
+    ],
+)
+def test_a_429_is_retryable_whatever_its_retry_after_says(
+    headers: dict[str, str], delay: float | None
+) -> None:
+    """A proxy's odd Retry-After leaves the delay to the activity's backoff:
+    the failure is still the server's 429, not a date-parsing error."""
+    response = httpx2.Response(429, headers=headers, request=httpx2.Request("POST", "http://model/v1"))
+    err = openai.RateLimitError("slow down", response=response, body=None)
+    failure = _classify(err, (), streaming=False)
+    assert isinstance(failure, ApplicationError) and failure.type == "ModelHttp429"
+    assert not failure.non_retryable and "The model server answered 429" in failure.message
+    got = failure.next_retry_delay
+    assert (got.total_seconds() if got is not None else None) == delay
