@@ -285,7 +285,10 @@ def _error(text: str) -> ToolOutcome:
 
 
 def _json_size(value: Any) -> int:
+    """Bytes of ``value`` as UTF-8 JSON (what the payload holds), past the
+    limit when it is no JSON at all."""
     try:
-        return len(json.dumps(value, ensure_ascii=False, default=str))
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
     except (ValueError, TypeError, RecursionError):
         return MAX_RESULT_BYTES + 1
+    return len(text.encode("utf-8", "replace"))

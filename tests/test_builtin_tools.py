@@ -490,3 +490,26 @@ async def test_a_huge_line_is_not_read_to_its_end(workspace: Path, monkeypatch: 
     assert shown.endswith("[Stopped in line 1, 1 MiB into the file: read_file reads no further in one call]")
     with pytest.raises(ValueError, match="Line 3 is more than 1 MiB into the file"):
         await read_file(ReadFileArgs(path="one-line", offset=3))
+
+
+async def test_details_are_measured_in_utf8_bytes_not_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """400,000 characters of three bytes each are 1.2 MB of JSON, past the
+    1 MB a result's details may take (they were counted as 400,000)."""
+    import tests.support.tools  # noqa: F401  (registers wide_details)
+
+    class NoStream:
+        def topic(self, _name: str) -> Any:
+            return self
+
+    monkeypatch.setattr(events_module, "run_stream_client", NoStream)
+    runner = ToolActivities()
+    request = ToolRequest(
+        tool_call=ToolCall(id="w1", name="wide_details", arguments={"megabytes": 0.4}),
+        idempotency_key="wf/w1",
+    )
+    outcome = await ActivityEnvironment().run(runner.execute_tool, request)
+    assert "blob" not in outcome.details
+    assert "details were dropped: more than 1,000,000 bytes" in outcome.details["notes"]["details"]
+    request.tool_call.arguments = {"megabytes": 0.3}  # 900,000 bytes: kept
+    outcome = await ActivityEnvironment().run(runner.execute_tool, request)
+    assert len(outcome.details["blob"]) == 300_000

@@ -118,6 +118,13 @@ async def big_details(args: SizeArgs) -> ToolResult:
     return ToolResult(content="see details", details={"blob": "y" * int(args.megabytes * 1_000_000)})
 
 
+@tool(
+    description="Return a small text with details of this many million characters of three UTF-8 bytes each."
+)
+async def wide_details(args: SizeArgs) -> ToolResult:
+    return ToolResult(content="see details", details={"blob": "中" * int(args.megabytes * 1_000_000)})
+
+
 @tool(description="Needs a person's approval before it runs.", requires_approval=True)
 async def guarded_echo(args: EchoArgs) -> str:
     return f"approved: {args.text}"
