@@ -143,10 +143,10 @@ class Settings:
             ),
             encryption_keys=encryption_keys(env),
             encryption_key_file=_optional_path(text("AGENT_ENCRYPTION_KEY_FILE")),
-            sandbox_precompile=(text("AGENT_SANDBOX_PRECOMPILE", "on") or "on").lower() != "off",
-            payload_walk=(text("AGENT_PAYLOAD_WALK", "on") or "on").lower() != "off",
-            direct_model_post=(text("AGENT_DIRECT_MODEL_POST", "on") or "on").lower() != "off",
-            sdk_fallbacks=(text("AGENT_SDK_FALLBACKS", "off") or "off").lower() in ("1", "on", "true", "yes"),
+            sandbox_precompile=_switch(env, "AGENT_SANDBOX_PRECOMPILE", True),
+            payload_walk=_switch(env, "AGENT_PAYLOAD_WALK", True),
+            direct_model_post=_switch(env, "AGENT_DIRECT_MODEL_POST", True),
+            sdk_fallbacks=_switch(env, "AGENT_SDK_FALLBACKS", False),
             max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
             core_threads=(
                 int(_number(env, "AGENT_CORE_THREADS", 1, whole=True, positive=True, maximum=256))
@@ -323,6 +323,30 @@ def _number(
     if maximum is not None and value > maximum:
         limit = str(int(maximum)) if float(maximum).is_integer() else f"{maximum:g}"
         raise SettingsError(f"{name} must be at most {limit}, got {raw!r}.")
+    return value
+
+
+_SWITCH_WORDS = {
+    "on": True,
+    "true": True,
+    "yes": True,
+    "1": True,
+    "off": False,
+    "false": False,
+    "no": False,
+    "0": False,
+}
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """An on/off setting: ``on``/``off`` (or true/false, yes/no, 1/0); any
+    other value is refused rather than read as one of them."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    value = _SWITCH_WORDS.get(raw.lower())
+    if value is None:
+        raise SettingsError(f"{name} must be on or off, got {raw!r}.")
     return value
 
 

@@ -35,12 +35,31 @@ from tests.support.s3 import denying_s3
         ("AGENT_METRICS_PORT", "99999", "AGENT_METRICS_PORT must be a port number from 1 to 65535"),
         ("LOG_LEVEL", "bogus", "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL"),
         ("OPENAI_BASE_URL", "not-a-url", "OPENAI_BASE_URL must be an http:// or https:// URL"),
+        # Found by a design audit: each left the switch as it was, silently.
+        ("AGENT_PAYLOAD_WALK", "banana", "AGENT_PAYLOAD_WALK must be on or off, got 'banana'."),
+        ("AGENT_SDK_FALLBACKS", "enabled", "AGENT_SDK_FALLBACKS must be on or off, got 'enabled'."),
     ],
 )
 def test_a_setting_no_worker_can_use_is_refused_naming_it(name: str, value: str, message: str) -> None:
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({name: value})
     assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("off", False), ("FALSE", False), ("0", False), ("no", False), ("On", True)]
+)
+def test_a_switch_reads_off_as_users_write_it(value: str, on: bool) -> None:
+    """`AGENT_PAYLOAD_WALK=false` left the walk on: only `off` switched it off."""
+    for name in (
+        "AGENT_SANDBOX_PRECOMPILE",
+        "AGENT_PAYLOAD_WALK",
+        "AGENT_DIRECT_MODEL_POST",
+        "AGENT_SDK_FALLBACKS",
+    ):
+        settings = Settings.from_env({name: value})
+        field = name.removeprefix("AGENT_").lower()
+        assert getattr(settings, field) is on, name
 
 
 def test_log_level_and_base_url_are_read_as_users_write_them() -> None:
