@@ -93,7 +93,7 @@ class EventStream:
         self.model_call_offset: int | None = None  # where the model call in progress started
         self.model_call: str | None = None  # the mark of the model call in progress
         self._model_calls = 0  # model calls started by this execution
-        self._model_publishers: set[str] = set()
+        self._model_publishers: dict[str, None] = {}  # in arrival order (a set's varies by process)
         # Publishers whose batches are dropped: aborted model calls'.
         self._closed_publishers: deque[str] = deque(maxlen=64)
         # Those of the run before (their late batches may reach this run),
@@ -139,7 +139,7 @@ class EventStream:
                     return
                 if publisher and self.model_call_offset is not None:
                     # While the model is called nothing else publishes: this is its activity.
-                    self._model_publishers.add(publisher)
+                    self._model_publishers[publisher] = None
                 try:
                     publish(payload)
                 except Exception as err:  # items that do not decode: anyone may signal, nobody may wedge it
@@ -246,7 +246,7 @@ class EventStream:
         self.model_call_offset = self.offset()
         self._model_calls += 1
         self.model_call = f"{workflow.info().run_id}/{self._model_calls}"
-        self._model_publishers = set()
+        self._model_publishers = {}
 
     def model_call_ended(self, *, aborted: bool = False) -> None:
         """``aborted``: the call's activity may still publish for a moment
@@ -255,7 +255,7 @@ class EventStream:
             self._closed_publishers.extend(self._model_publishers)
         self.model_call_offset = None
         self.model_call = None
-        self._model_publishers = set()
+        self._model_publishers = {}
 
     def closed_publishers(self) -> list[str]:
         """The publishers whose batches are dropped, for the next run."""
