@@ -399,6 +399,24 @@ class Conversation:
             state = state.model_copy(update=ended)
         return state
 
+    async def how_it_ended(self) -> str:
+        """One sentence on how the conversation ended: closed, failed (with
+        its reason, read through this client's converter), terminated, ...;
+        "The conversation has not ended." while it runs."""
+        return f"The conversation {await self._how_it_ended(running='has not ended')}."
+
+    async def ended_on_task_queue(self) -> str | None:
+        """The task queue of a conversation that has ended, whose events a
+        worker there must replay to be read; None while it runs, or when the
+        server does not say."""
+        try:
+            described = await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)
+        except Exception:
+            return None
+        if described.status in (None, WorkflowExecutionStatus.RUNNING):
+            return None
+        return described.task_queue
+
     async def _has_ended(self) -> bool:
         """The conversation's latest run has ended (False when that cannot be told)."""
         try:

@@ -8,8 +8,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.text import Text
-from temporalio.client import WorkflowExecutionStatus
-from temporalio.service import RPCError
 
 from client import Conversation
 from console.render import EventRenderer, json_line, skipped_note
@@ -34,10 +32,10 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
     finally:
         waiting.cancel()
     if as_json:  # stdout stays one JSON object per line
-        print(await how_it_ended(conversation), file=sys.stderr, flush=True)
+        print(await conversation.how_it_ended(), file=sys.stderr, flush=True)
     else:
         renderer.end_line()
-        console.print(await how_it_ended(conversation), style="dim")
+        console.print(await conversation.how_it_ended(), style="dim")
 
 
 def _show(
@@ -65,39 +63,16 @@ async def _say_when_no_worker_answers(conversation: Conversation) -> None:
     """An ended conversation's events are read by a query a worker answers
     (replaying its history): with no worker on its task queue nothing
     comes. Said once on stderr, then the read goes on waiting."""
-    try:
-        described = await conversation.handle.describe()
-    except RPCError:
-        return
-    if described.status in (None, WorkflowExecutionStatus.RUNNING):
+    task_queue = await conversation.ended_on_task_queue()
+    if task_queue is None:
         return  # a live conversation may well be quiet
     await asyncio.sleep(NO_WORKER_NOTE_AFTER)
     print(
         f"note: nothing read yet: the conversation has ended, and reading its events needs a worker on "
-        f"task queue {described.task_queue!r} to replay it; waiting for one.",
+        f"task queue {task_queue!r} to replay it; waiting for one.",
         file=sys.stderr,
         flush=True,
     )
-
-
-_ENDINGS: dict[WorkflowExecutionStatus | None, str] = {
-    # Only `close` (or closeWhenIdle) completes a conversation.
-    WorkflowExecutionStatus.COMPLETED: "The conversation was closed.",
-    WorkflowExecutionStatus.FAILED: "The conversation failed (its start input was refused, or a worker "
-    "could not read it: see the workflow in the Temporal UI).",
-    WorkflowExecutionStatus.TERMINATED: "The conversation was terminated.",
-    WorkflowExecutionStatus.TIMED_OUT: "The conversation timed out.",
-    WorkflowExecutionStatus.CANCELED: "The conversation was cancelled.",
-}
-
-
-async def how_it_ended(conversation: Conversation) -> str:
-    """One line on how the conversation ended (closed, failed, terminated)."""
-    try:
-        status = (await conversation.handle.describe()).status
-    except RPCError:
-        status = None
-    return _ENDINGS.get(status, "The conversation has ended.")
 
 
 def approval_hint(conversation_id: str, call_id: str) -> Text:

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pexpect
@@ -1011,10 +1010,12 @@ async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.Ca
 
         def __init__(self, *offsets: int) -> None:
             self.offsets = offsets
-            self.handle = self
 
-        async def describe(self) -> Any:
-            return SimpleNamespace(status=WorkflowExecutionStatus.COMPLETED)
+        async def ended_on_task_queue(self) -> str:
+            return "agent"
+
+        async def how_it_ended(self) -> str:
+            return CLOSED.strip()
 
         async def events(self, from_offset: int, on_skipped: Any = None) -> Any:
             expected = from_offset
@@ -1070,6 +1071,18 @@ async def test_watch_says_how_the_conversation_ended(stack: Stack) -> None:
     await closed.result()
     code, stdout = await starter(stack.dev_server, "watch", closed.id)
     assert code == 0 and "The conversation was closed." in stdout
+
+
+async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -> None:
+    """It said "see the workflow in the Temporal UI", which shows only
+    "Encoded failure" when the workers encrypt (a design audit): the reason
+    is read through the client's converter, as `prompt --wait` does."""
+    handle = await stack.start(prompt="hi", sytemPrompt="misspelt")
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    code, stdout = await starter(stack.dev_server, "watch", handle.id)
+    assert code == 0
+    assert "The conversation failed (" in stdout and "sytemPrompt" in stdout, stdout
 
 
 async def test_watch_of_an_ended_conversation_no_worker_can_replay_says_what_it_waits_for(
