@@ -36,10 +36,14 @@ class SettingsError(ValueError):
 DEFAULT_MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 
-def default_data_dir() -> Path:
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where the agent keeps its data by default: the user's data directory
-    (``$XDG_DATA_HOME/durable-agent``), never inside a tool's workspace."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    (``$XDG_DATA_HOME/durable-agent``, else ``~/.local/share/durable-agent``),
+    never inside a tool's workspace; read from ``env`` (default
+    ``os.environ``)."""
+    env = os.environ if env is None else env
+    home = (env.get("HOME") or "").strip() or str(Path.home())
+    base = (env.get("XDG_DATA_HOME") or "").strip() or str(Path(home) / ".local" / "share")
     return Path(base).resolve() / "durable-agent"
 
 
@@ -105,7 +109,7 @@ class Settings:
             value = env.get(name, "").strip()
             return value or default
 
-        data_dir = Path(text("AGENT_DATA_DIR") or default_data_dir()).expanduser().resolve()
+        data_dir = Path(text("AGENT_DATA_DIR") or default_data_dir(env)).expanduser().resolve()
         settings = cls(
             address=text("TEMPORAL_ADDRESS", "localhost:7233") or "",
             namespace=text("TEMPORAL_NAMESPACE", "default") or "",

@@ -425,3 +425,15 @@ def test_a_part_that_wants_the_context_still_gets_it() -> None:
 
     assert derived is not wanting
     assert derived.payload_converter._inner_payload_converter.context == context  # type: ignore[attr-defined]
+
+
+def test_the_default_data_directory_is_read_from_the_environment_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`Settings.from_env(env)` took XDG_DATA_HOME from the process, not
+    from `env` (a design audit): an embedding program's env was half read."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "process"))
+    given = Settings.from_env({"XDG_DATA_HOME": str(tmp_path / "given")})
+    assert given.storage_dir == (tmp_path / "given").resolve() / "durable-agent" / "payloads"
+    home = Settings.from_env({"HOME": str(tmp_path / "home")})
+    assert home.tool_output_dir == (tmp_path / "home").resolve() / ".local/share/durable-agent/tool-output"
