@@ -64,9 +64,11 @@ class ToolActivities:
 
     ``output_cap`` characters of a result's text go to the model; the full
     text is written under ``output_dir`` (mode 0600) and its path put in
-    ``details``. The text of an error result is scrubbed of credentials
-    (``secrets`` verbatim, and common shapes): an exception's message may
-    quote one, and it is stored in the history and shown to the model.
+    ``details``. Without ``output_dir`` it is not kept: a default here
+    would write it under the process's directory, a tool's workspace. The
+    text of an error result is scrubbed of credentials (``secrets``
+    verbatim, and common shapes): an exception's message may quote one,
+    and it is stored in the history and shown to the model.
     """
 
     def __init__(
@@ -74,14 +76,14 @@ class ToolActivities:
         tools: Mapping[str, ToolSpec] | None = None,
         *,
         output_cap: int = DEFAULT_OUTPUT_CAP,
-        output_dir: Path = Path(".agent-data/tool-output"),
+        output_dir: Path | None = None,
         secrets: Sequence[str | None] = (),
     ) -> None:
         self._tools = tools
         self._secrets = tuple(secrets)
         self._tool_secrets = tuple(s for s in self._secrets if s)  # what a running tool may scrub
         self._output_cap = output_cap
-        self._output_dir = output_dir.resolve()
+        self._output_dir = output_dir.resolve() if output_dir is not None else None
 
     @activity.defn(name="execute_tool")
     async def execute_tool(self, request: ToolRequest) -> ToolOutcome:
@@ -201,13 +203,14 @@ class ToolActivities:
         if len(full) <= cap:
             return outcome  # scrubbed with the rest of the result (``_scrubbed``)
         full = scrub_known(full, self._secrets)  # the file is written before that
-        path = output_path(self._output_dir, workflow_id, key)
-        kept_in: str | None = str(path)
-        try:
-            self._write_full_output(path, full)
-        except OSError as err:  # a read-only AGENT_TOOL_OUTPUT_DIR: the cut output still goes on
-            logger.warning("Could not keep a tool's full output in %s: %s", path, err.strerror or err)
-            kept_in = None
+        kept_in: str | None = None
+        if self._output_dir is not None:
+            path = output_path(self._output_dir, workflow_id, key)
+            try:
+                self._write_full_output(path, full)
+                kept_in = str(path)
+            except OSError as err:  # a read-only AGENT_TOOL_OUTPUT_DIR: the cut output still goes on
+                logger.warning("Could not keep a tool's full output in %s: %s", path, err.strerror or err)
         kept: list[UserContent] = [c for c in outcome.content if not isinstance(c, TextContent)]
         kept.insert(
             0,

@@ -513,3 +513,26 @@ async def test_details_are_measured_in_utf8_bytes_not_characters(monkeypatch: py
     request.tool_call.arguments = {"megabytes": 0.3}  # 900,000 bytes: kept
     outcome = await ActivityEnvironment().run(runner.execute_tool, request)
     assert len(outcome.details["blob"]) == 300_000
+
+
+async def test_a_tool_runner_made_without_an_output_directory_writes_nothing_where_it_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`ToolActivities()` wrote full outputs under `./.agent-data`, in the
+    directory it ran in: for a program that embeds it, a tool's workspace
+    (a design audit). Without `output_dir` the output is cut, not kept."""
+    import tests.support.tools  # noqa: F401  (registers echo)
+
+    class NoStream:
+        def topic(self, _name: str) -> Any:
+            return self
+
+    monkeypatch.setattr(events_module, "run_stream_client", NoStream)
+    monkeypatch.chdir(tmp_path)
+    runner = ToolActivities(output_cap=10)
+    request = ToolRequest(
+        tool_call=ToolCall(id="e1", name="echo", arguments={"text": "long " * 20}), idempotency_key="wf/e1"
+    )
+    outcome = await ActivityEnvironment().run(runner.execute_tool, request)
+    assert "[Output truncated" in outcome.content[0].text and "fullOutputPath" not in (outcome.details or {})
+    assert list(tmp_path.iterdir()) == []
