@@ -49,12 +49,10 @@ from temporalio.common import RawValue
 from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
-    StorageDriverStoreContext,
-    StorageDriverWorkflowInfo,
 )
 
 from runtime.converter import DECODE_BUDGET, REFUSED, DecodeBudget
-from runtime.payloads import data_converter
+from runtime.payloads import data_converter, for_namespace
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -240,22 +238,9 @@ async def _encode(converter: DataConverter, namespace: str, payloads: Sequence[P
     for index, payload in enumerate(payloads):
         _check_encoding(converter, index, payload, "encode")
     try:
-        return await _for_namespace(converter, namespace).encode([RawValue(p) for p in payloads])
+        return await for_namespace(converter, namespace).encode([RawValue(p) for p in payloads])
     except Exception as err:
         raise Refused(502, f"The payload store did not take the payloads: {_reason(err)}.") from None
-
-
-def _for_namespace(converter: DataConverter, namespace: str) -> DataConverter:
-    """``converter`` storing large payloads under ``namespace``, as the worker
-    does for that namespace's workflows. The SDK binds that context through a
-    private method (``_with_store_context``, temporalio 1.35); without it,
-    payloads are stored without a target (the file store's ``default``
-    namespace), which any reader still resolves: references carry their place."""
-    if not hasattr(DataConverter, "_with_store_context") or converter.external_storage is None:
-        return converter
-    context = StorageDriverStoreContext(target=StorageDriverWorkflowInfo(namespace=namespace))
-    bound = converter._with_store_context(context)
-    return bound if isinstance(bound, DataConverter) else converter
 
 
 def _check_encoding(converter: DataConverter, index: int, payload: Payload, action: str) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
@@ -37,6 +38,7 @@ from temporalio.converter import (
     StorageDriverClaim,
     StorageDriverRetrieveContext,
     StorageDriverStoreContext,
+    StorageDriverWorkflowInfo,
 )
 
 from activities.blobs import BlobMissing, BlobStore, FileBlobStore, S3BlobStore, checked_digest, digest_of
@@ -51,6 +53,7 @@ from runtime.converter import (
     refused_reason,
 )
 from runtime.encryption import CodecChain, EncryptionCodec, keyring
+from runtime.payload_walk import SUPPORTED_SDK
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings, SettingsError
 
 DEFAULT_THRESHOLD_BYTES = 256 * 1024
@@ -459,7 +462,10 @@ def data_converter(settings: Settings) -> DataConverter:
         CompressionCodec(settings.compress_threshold, settings.max_decompressed_bytes),
         EncryptionCodec(keys),
     ]
-    return AgentDataConverter(
+    converter_class = (
+        StoreContextCachingConverter if _store_context_private_ok(settings) else AgentDataConverter
+    )
+    return converter_class(
         payload_converter_class=AgentPayloadConverter,
         payload_codec=CodecChain(codecs),
         failure_converter_class=(
@@ -481,10 +487,10 @@ class AgentDataConverter(DataConverter):
     payload it stores externally (``with_context``, ``_with_store_context``),
     and every derived one built a fresh payload converter and failure
     converter, which were thrown away at once. Here the derived ones share
-    them (they keep no state), ``with_context`` returns this converter when
-    none of its parts takes a context (as the SDK's would, after asking
-    every part each time), and converters bound to a store context are
-    kept (that context names the workflow run, which writes many payloads).
+    them (they keep no state), and ``with_context`` returns this converter
+    when none of its parts takes a context (as the SDK's would, after asking
+    every part each time). Both are public API; the store contexts are
+    cached by ``StoreContextCachingConverter``.
     """
 
     def __post_init__(self) -> None:
@@ -511,6 +517,15 @@ class AgentDataConverter(DataConverter):
             object.__setattr__(self, "_takes_context", derived is not self)
         return derived
 
+
+@dataclasses.dataclass(frozen=True)
+class StoreContextCachingConverter(AgentDataConverter):
+    """``AgentDataConverter`` keeping the converters it binds to a store
+    context: that context names the workflow run, which writes many
+    payloads. It overrides a private SDK method (``_with_store_context``),
+    so it is used only with the SDK version that was read
+    (``_store_context_private_ok``)."""
+
     def _with_store_context(self, store_ctx: StorageDriverStoreContext) -> DataConverter:
         bound: dict[StorageDriverStoreContext, DataConverter] = self._store_bound  # type: ignore[attr-defined]
         found = bound.get(store_ctx)
@@ -520,6 +535,32 @@ class AgentDataConverter(DataConverter):
                 bound.clear()
             bound[store_ctx] = found
         return found
+
+
+def _store_context_private_ok(settings: Settings) -> bool:
+    """The SDK's private ``DataConverter._with_store_context`` may be used:
+    the SDK is the version it was read against, and AGENT_SDK_FALLBACKS is
+    off (the public path is then what CI runs, as a temporalio upgrade would)."""
+    return (
+        not settings.sdk_fallbacks
+        and version("temporalio") == SUPPORTED_SDK
+        and callable(getattr(DataConverter, "_with_store_context", None))
+    )
+
+
+def for_namespace(converter: DataConverter, namespace: str) -> DataConverter:
+    """``converter`` storing large payloads under ``namespace``, as the
+    worker does for that namespace's workflows (the codec server's
+    ``/encode``). The SDK binds that context through its private
+    ``_with_store_context``: only a ``StoreContextCachingConverter`` (the
+    SDK read, fallbacks off) is bound; others store without a target (the
+    file store's ``default`` namespace), which any reader still resolves:
+    references carry their place."""
+    if not isinstance(converter, StoreContextCachingConverter) or converter.external_storage is None:
+        return converter
+    context = StorageDriverStoreContext(target=StorageDriverWorkflowInfo(namespace=namespace))
+    bound = converter._with_store_context(context)
+    return bound if isinstance(bound, DataConverter) else converter
 
 
 def data_converter_from_env() -> DataConverter:

@@ -35,8 +35,9 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import DataConverter, PayloadCodec
 
 import codec_server
+import runtime.payloads
 from codec_server import MAX_PAYLOADS, CodecSettings, build_app, settings_from
-from runtime.payloads import data_converter
+from runtime.payloads import StoreContextCachingConverter, data_converter
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, temporal_cli
 from tests.support.s3 import use_fake_s3
@@ -176,16 +177,26 @@ async def test_encode_stores_under_the_request_namespace(codec: LocalCodec) -> N
     assert (codec.root / "team-a" / claim["sha256"][:2] / claim["sha256"]).is_file()
 
 
-async def test_encode_without_the_sdk_store_context_stores_under_default(
-    codec: LocalCodec, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("public_path", ["fallbacks", "another SDK"])
+async def test_encode_on_the_sdks_public_path_stores_under_default(
+    public_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delattr(DataConverter, "_with_store_context")
+    """Binding the namespace takes a private SDK method: with
+    AGENT_SDK_FALLBACKS on, or on an SDK version other than the one read,
+    a payload is stored without it (under `default`) and read back all
+    the same."""
+    if public_path == "fallbacks":
+        monkeypatch.setenv("AGENT_SDK_FALLBACKS", "on")
+    else:
+        monkeypatch.setattr(runtime.payloads, "SUPPORTED_SDK", "0.0.1")
+    converter = worker_converter(monkeypatch, tmp_path)
+    assert not isinstance(converter, StoreContextCachingConverter)
     big = payload(hex_text(6000))
-
-    [reference] = await codec.payloads("encode", [big], {"X-Namespace": "team-b"})
-
-    assert json.loads(reference.data)["claimData"]["namespace"] == "default"
-    assert await codec.payloads("decode", [reference]) == [big]
+    async with serving(build_app(converter, CodecSettings())) as url:
+        codec = LocalCodec(url, converter, tmp_path)
+        [reference] = await codec.payloads("encode", [big], {"X-Namespace": "team-b"})
+        assert json.loads(reference.data)["claimData"]["namespace"] == "default"
+        assert await codec.payloads("decode", [reference]) == [big]
 
 
 def assert_one_sentence(status: int, text: str, expected_status: int, *words: str) -> None:
