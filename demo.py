@@ -97,8 +97,9 @@ async def run_demo(console: Console) -> int:
     model_process: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = []
     env = {"TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-demo"}
-    model = os.environ.get("AGENT_MODEL", "gpt-4o-mini")
-    if not os.environ.get("OPENAI_API_KEY"):
+    configured = Settings.from_env()  # the user's AGENT_MODEL and OPENAI_API_KEY, as the worker reads them
+    model = configured.default_model
+    if not configured.openai_api_key:
         model_process, base_url = start_scripted_model(DATA / "demo-model.log")
         model = f"scripted-demo-{uuid.uuid4().hex[:6]}"
         script_model(base_url, model, demo_script())

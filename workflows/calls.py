@@ -156,7 +156,7 @@ class ActivityCalls:
             # What had streamed stays, as in pi (the provider's partial output
             # ends with stopReason "error"): one message_start, one message_end.
             streamed = self._stream.streamed_message() if self._versions.has(STREAM_AS_PI_PATCH) else None
-            return self._ended_answer(streamed, "error", failure_text(err))
+            return self._ended_answer(streamed, "error", activity_failure_text(err))
         finally:
             self._llm = None
             self._stream.model_call_ended(aborted=session.abort_requested)
@@ -350,7 +350,8 @@ class ActivityCalls:
         except (ActivityError, asyncio.CancelledError) as err:
             if isinstance(err, asyncio.CancelledError) and not self._session.abort_requested:
                 raise
-            return error_outcome(ABORTED_TEXT if self._session.abort_requested else failure_text(err))
+            aborted = self._session.abort_requested
+            return error_outcome(ABORTED_TEXT if aborted else activity_failure_text(err))
         finally:
             self._tools.pop(call.id, None)
             self.on_change()
@@ -387,8 +388,9 @@ class ActivityCalls:
 # --- helpers ----------------------------------------------------------------------------
 
 
-def failure_text(err: BaseException) -> str:
-    """The innermost useful message of an activity failure."""
+def activity_failure_text(err: BaseException) -> str:
+    """The innermost useful message of an activity failure (a user's
+    exception is worded by ``hooks.failure_text``)."""
     messages = []
     current: BaseException | None = err
     while current is not None:
