@@ -6,9 +6,11 @@ the codec server, a running conversation), and nothing wedges."""
 from __future__ import annotations
 
 import asyncio
+import os
 import tracemalloc
 import uuid
 import zlib
+from pathlib import Path
 
 import pytest
 from temporalio.api.common.v1 import Payload
@@ -219,3 +221,24 @@ async def test_a_control_payload_leaves_the_codec_plain_and_unmarked() -> None:
         AgentPayloadConverter().to_payloads([settings.model_dump()])
     )
     assert dict(other.metadata) == {"encoding": b"binary/zlib"}  # the same JSON as a plain dict is compressed
+
+
+async def test_the_codec_server_counts_stored_payloads_against_the_request_budget(tmp_path: Path) -> None:
+    """A reference is a few hundred bytes and its stored payload any size,
+    compressed or not (a control payload never is): 50 references to a
+    1 MB payload (16 KB sent) came back as 66 MB, past a 1 MiB budget (a
+    UI audit). They count, as compressed payloads do."""
+    settings = Settings(
+        storage=f"file://{tmp_path}",
+        storage_threshold=4096,
+        max_decompressed_bytes=MiB,
+        compress_threshold=None,
+    )
+    converter = data_converter(settings)
+    [reference] = await converter.encode([os.urandom(300_000).hex()])  # 600 KB
+    assert reference.metadata["encoding"] == b"json/protobuf" and reference.ByteSize() < 1000
+    async with serving(build_app(converter, CodecSettings(max_decompressed_bytes=MiB))) as url:
+        status, text = await Endpoint(url).call("decode", as_json([reference]))
+        assert status == 200
+        status, text = await Endpoint(url).call("decode", as_json([reference] * 50))
+    assert status == 413 and "AGENT_MAX_DECOMPRESSED_BYTES" in text, (status, text[:200])
