@@ -48,6 +48,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.settings import Settings
 from workflows.contract import (
+    BUSY_ERROR,
+    DRAINING_ERROR,
+    POLL_UPDATE,
+    RUN_END_UPDATE,
+    TRUNCATED_ERROR,
     AgentSettings,
     ApprovalRequest,
     PendingApproval,
@@ -56,16 +61,9 @@ from workflows.contract import (
     SessionState,
     SettingsInForce,
     WaitForIdleResult,
-)
-from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
-from workflows.stream import (
-    BUSY_ERROR,
-    DRAINING_ERROR,
-    POLL_UPDATE,
-    RUN_END_UPDATE,
-    TRUNCATED_ERROR,
     item_payload,
 )
+from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
 
 # The client, and the contract's models its methods take and return.
 __all__ = [

@@ -7,9 +7,11 @@ well as snake_case Python keyword arguments.
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
 from pydantic import Field
+from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.models import (
@@ -25,6 +27,24 @@ from workflows.models import (
     Usage,
     WireModel,
 )
+
+# The event stream's wire protocol (``workflows/stream.py``; the Workflow
+# Streams clients use the same names).
+PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
+POLL_UPDATE = "__temporal_workflow_stream_poll"
+OFFSET_QUERY = "__temporal_workflow_stream_offset"
+# This project's addition: an update that returns when the run in progress
+# has ended (``EventStream.track``).
+RUN_END_UPDATE = "__agent_stream_run_end"
+DRAINING_ERROR = "StreamDraining"
+TRUNCATED_ERROR = "TruncatedOffset"
+BUSY_ERROR = "StreamBusy"
+
+
+def item_payload(data: str) -> Payload:
+    """The payload of a poll result's item (sent base64-encoded)."""
+    return Payload.FromString(base64.b64decode(data))
+
 
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 ToolExecutionMode = Literal["parallel", "sequential"]

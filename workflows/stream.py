@@ -17,7 +17,6 @@ plain short timer.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import json
@@ -28,7 +27,6 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
-from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import (
     PollInput,
     PollResult,
@@ -39,19 +37,18 @@ from temporalio.contrib.workflow_streams import (
 from temporalio.exceptions import ApplicationError
 
 from workflows.arguments import MAX_NESTING, nesting_depth
+from workflows.contract import (  # the stream's wire names, which its clients use too
+    BUSY_ERROR,
+    DRAINING_ERROR,
+    OFFSET_QUERY,
+    POLL_UPDATE,
+    PUBLISH_SIGNAL,
+    RUN_END_UPDATE,
+    item_payload,
+)
 from workflows.inputs import refusal
 from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AssistantMessage, WireModel
 
-# The stream's wire protocol (its clients use the same names).
-PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
-POLL_UPDATE = "__temporal_workflow_stream_poll"
-OFFSET_QUERY = "__temporal_workflow_stream_offset"
-# This project's addition: an update that returns when the run in progress
-# has ended (``EventStream.track``).
-RUN_END_UPDATE = "__agent_stream_run_end"
-DRAINING_ERROR = "StreamDraining"
-TRUNCATED_ERROR = "TruncatedOffset"
-BUSY_ERROR = "StreamBusy"
 # Temporal admits at most 10 updates in flight per workflow (server setting
 # ``history.maxInFlightUpdates``) and refuses the next ones, `prompt` and
 # `approve_tool` included; a caught-up subscriber's long poll, and its wait
@@ -335,11 +332,6 @@ def _publish_input(args: tuple[Any, ...]) -> PublishInput | None:
         return _PUBLISH_INPUT.validate_python(value)
     except ValidationError:
         return None
-
-
-def item_payload(data: str) -> Payload:
-    """The payload of a poll result's item (sent base64-encoded)."""
-    return Payload.FromString(base64.b64decode(data))
 
 
 def partial_message(
