@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 from temporalio.client import (
@@ -151,8 +151,20 @@ async def start_conversation(
     )
 
 
+UPDATE_NOTE_AFTER = 5.0
+"""Seconds an update (but ``wait_for_idle``) may wait to be answered
+before ``Conversation.on_slow_update`` hears of it: the workflow answers
+each at once, so a wait that long means no worker has taken it."""
+
+
 class Conversation:
     """One durable conversation (a workflow execution), as pi's ``Agent``."""
+
+    on_slow_update: ClassVar[Callable[[str], None] | None] = None
+    """Told, in one sentence, when a request has waited ``UPDATE_NOTE_AFTER``
+    seconds for a worker (none is running, or all are down): it is kept,
+    and applies when one takes it. Set on the class; the CLI prints it.
+    None says nothing."""
 
     def __init__(self, client: Client, conversation_id: str) -> None:
         self.client = client
@@ -228,6 +240,15 @@ class Conversation:
         update limit, an unreachable server after the SDK's own retries) is
         the caller's at once, as is a task that keeps failing after
         ``MAX_RETRIES`` tries."""
+        if Conversation.on_slow_update is None or name == "wait_for_idle":
+            return await self._execute_update(name, args, result_type)
+        note = asyncio.get_running_loop().create_task(self._note_when_slow(name))
+        try:
+            return await self._execute_update(name, args, result_type)
+        finally:
+            note.cancel()
+
+    async def _execute_update(self, name: str, args: tuple[Any, ...], result_type: Any) -> Any:
         update_id = f"{name}-{uuid.uuid4()}"
         failures = 0
         while True:
@@ -241,6 +262,21 @@ class Conversation:
                     raise
                 await asyncio.sleep(_backoff(failures))
                 failures += 1
+
+    async def _note_when_slow(self, name: str) -> None:
+        """Tell ``on_slow_update`` once that ``name`` waits for a worker (a
+        killed worker's requests waited with no word, a durability audit)."""
+        await asyncio.sleep(UPDATE_NOTE_AFTER)
+        try:
+            task_queue = repr((await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).task_queue)
+        except Exception:
+            task_queue = "its task queue"
+        say = Conversation.on_slow_update
+        if say is not None:
+            say(
+                f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue}: is one running? "
+                "It is kept and applies when one takes it (stopping this wait does not withdraw it)."
+            )
 
     # --- runs ---------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -392,9 +392,14 @@ COMMANDS = {
 }
 
 
+def _note(sentence: str) -> None:
+    print(f"note: {sentence}", file=sys.stderr, flush=True)
+
+
 async def run_command(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     client = await connect(settings)
+    Conversation.on_slow_update = _note
     try:
         return await COMMANDS[args.command](client, settings, args)
     except Refused as err:
@@ -458,6 +463,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {err}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
+        code = 130
+    except WorkflowUpdateRPCTimeoutOrCancelledError:  # Ctrl-C while a request waited for a worker
+        print(
+            "stopped waiting: what was sent is kept, and applies when a worker takes it.",
+            file=sys.stderr,
+        )
         code = 130
     except BrokenPipeError:  # the reader went away (`watch ID --json | head`)
         code = 0

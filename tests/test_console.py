@@ -13,6 +13,7 @@ import base64
 import io
 import json
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable
@@ -1071,6 +1072,33 @@ async def test_watch_says_how_the_conversation_ended(stack: Stack) -> None:
     await closed.result()
     code, stdout = await starter(stack.dev_server, "watch", closed.id)
     assert code == 0 and "The conversation was closed." in stdout
+
+
+async def test_a_request_no_worker_takes_is_noted_and_ctrl_c_stops_only_the_wait(stack: Stack) -> None:
+    """With the worker killed, `prompt` and `configure` waited with no word,
+    Ctrl-C printed a traceback, and the prompt was applied once a worker
+    came back (a durability audit): the CLI says so after 5 s, and at
+    Ctrl-C that the request is kept."""
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    )
+    process = await spawn_starter(stack.dev_server, "prompt", handle.id, "hello")
+    assert process.stderr is not None
+    try:
+        line = await asyncio.wait_for(process.stderr.readline(), 20)
+        assert line.decode().startswith(
+            "note: prompt has waited 5 s for a worker on 'no-worker-here': is one running? It is kept "
+            "and applies when one takes it"
+        ), line
+        process.send_signal(signal.SIGINT)
+        rest = await asyncio.wait_for(process.stderr.read(), 20)
+        assert await process.wait() == 130
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await handle.terminate("test")
+    assert rest.decode() == "stopped waiting: what was sent is kept, and applies when a worker takes it.\n"
 
 
 async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -> None:
