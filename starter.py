@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 import uuid
@@ -36,6 +37,7 @@ from typing import Any
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
 from client import AgentMessage, Conversation, PromptResult, Refused, list_conversations
@@ -396,9 +398,38 @@ def _note(sentence: str) -> None:
     print(f"note: {sentence}", file=sys.stderr, flush=True)
 
 
+class _ServerLostNote(logging.Handler):
+    """The SDK core's warnings (a call to the server retried while it is
+    down) as one sentence, once, instead of its log lines among the
+    events: a connected `watch` printed 35 of them in a minute's outage (a
+    durability audit)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(logging.WARNING)
+        self._address = address
+        self._said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self._said and "retried" in record.getMessage():
+            self._said = True
+            _note(f"the Temporal server at {self._address} does not answer; retrying until it does.")
+
+
+def _quiet_runtime(settings: Settings) -> Runtime:
+    """A runtime whose core warnings reach ``_ServerLostNote``, not the terminal."""
+    logger = logging.getLogger("starter.sdk-core")
+    logger.propagate = False
+    logger.addHandler(_ServerLostNote(settings.address))
+    forwarding = LogForwardingConfig(logger=logger, append_target_to_name=False)
+    logging_config = LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"), forwarding=forwarding
+    )
+    return Runtime(telemetry=TelemetryConfig(logging=logging_config))
+
+
 async def run_command(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    client = await connect(settings)
+    client = await connect(settings, runtime=_quiet_runtime(settings))
     Conversation.on_slow_update = _note
     try:
         return await COMMANDS[args.command](client, settings, args)

@@ -1133,3 +1133,30 @@ async def test_watch_of_an_ended_conversation_no_worker_can_replay_says_what_it_
         "note: nothing read yet: the conversation has ended, and reading its events needs a worker on "
         "task queue 'no-worker-here' to replay it; waiting for one."
     ), line
+
+
+async def test_a_lost_server_is_one_note_not_the_sdks_log_lines(tmp_path: Path) -> None:
+    """A `watch` attached through a server outage printed the SDK core's
+    retry warnings, 35 coloured lines a minute (a durability audit)."""
+    server = DevServer(log_path=tmp_path / "server.log").start()
+    try:
+        code, _, _ = await starter_with_stderr(server, "start", "--id", "outage")
+        assert code == 0
+        process = await spawn_starter(server, "watch", "outage")
+        assert process.stderr is not None
+        await asyncio.sleep(3)
+    finally:
+        server.stop()
+    try:
+        line = await asyncio.wait_for(process.stderr.readline(), 60)
+        process.send_signal(signal.SIGINT)
+        rest = await asyncio.wait_for(process.stderr.read(), 20)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+    assert (
+        line.decode()
+        == f"note: the Temporal server at {server.address} does not answer; retrying until it does.\n"
+    )
+    assert rest == b""
