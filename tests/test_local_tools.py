@@ -4,7 +4,6 @@ scheduled them: same results, no activity task on the server."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -12,10 +11,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 
 import tests.support.tools  # noqa: F401  (registers the test tools in this process)
-from client import start_conversation
 from runtime.settings import Settings
-from tests.support.stack import Stack, read_events
-from worker import build_worker
+from tests.support.stack import Stack, finished_on_own_worker
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -29,15 +26,7 @@ async def test_local_tools_run_in_the_workflow_task(stack: Stack, worker_env: di
         {"tool_calls": [call("l1", "calculator", expression="6*7"), call("r1", "echo", text="remote")]},
         {"text": "done"},
     )
-    async with build_worker(stack.client, settings):
-        handle = await start_conversation(
-            stack.client,
-            f"local-{uuid.uuid4().hex[:6]}",
-            {"model": stack.model, "prompt": "go", "closeWhenIdle": True},
-            task_queue=queue,
-        )
-        result = await asyncio.wait_for(handle.result(), 30)
-        events = await read_events(stack.client, handle.id)
+    handle, result, events = await finished_on_own_worker(stack, settings, "go")
     results = {m.tool_call_id: m for m in result.messages if m.role == "toolResult"}
     assert results["l1"].content[0].text == "6*7 = 42" and results["r1"].content[0].text == "echo: remote"
     ends = [e["toolCallId"] for e in events if e["type"] == "tool_execution_end"]

@@ -9,7 +9,6 @@ worker: they replay the same on a worker whose tools differ."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
@@ -21,13 +20,11 @@ from temporalio.worker import Replayer
 import activities.builtin_tools  # noqa: F401  (the registry the v1 recordings saw)
 import tests.support.tools  # noqa: F401
 from activities.tools import declarations, registered_tools
-from client import start_conversation
 from runtime import payload_walk
 from runtime.payloads import data_converter_from_env
 from runtime.sandbox import workflow_runner
 from runtime.settings import Settings
-from tests.support.stack import Stack
-from worker import build_worker
+from tests.support.stack import Stack, finished_on_own_worker
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
 from workflows.models import ToolDeclaration
@@ -205,14 +202,7 @@ async def test_a_conversation_replays_alike_on_workers_with_and_without_the_sdk_
         stack.script({"text": "hello"})
         try:
             settings = Settings.from_env({**worker_env, "AGENT_SDK_FALLBACKS": fallbacks}, task_queue=queue)
-            async with build_worker(stack.client, settings):
-                handle = await start_conversation(
-                    stack.client,
-                    f"{queue}-conversation",
-                    {"model": stack.model, "prompt": "hi", "closeWhenIdle": True},
-                    task_queue=queue,
-                )
-                await asyncio.wait_for(handle.result(), 30)
+            handle, _, _ = await finished_on_own_worker(stack, settings, "hi")
         finally:
             payload_walk.install(True)
         histories[fallbacks] = history = await handle.fetch_history()

@@ -13,7 +13,7 @@ from client import Conversation, follow, start_conversation
 from runtime.settings import Settings
 from testbed.local_stack import DevServer
 from testbed.scripted_model import ScriptedModelServer
-from workflows.contract import SessionState
+from workflows.contract import SessionResult, SessionState
 from workflows.models import AgentMessage, EventAdapter
 
 _COOLDOWN_MS = 20
@@ -77,6 +77,26 @@ class Stack:
     ) -> list[dict[str, Any]]:
         """Events from ``from_offset`` until ``runs`` ``agent_end`` events (or the workflow ends)."""
         return await asyncio.wait_for(read_events(self.client, workflow_id, runs, from_offset), timeout)
+
+
+async def finished_on_own_worker(
+    stack: Stack, settings: Settings, prompt: str
+) -> tuple[WorkflowHandle[Any, Any], SessionResult, list[dict[str, Any]]]:
+    """A ``closeWhenIdle`` conversation with ``prompt`` on a worker of its
+    own, built from ``settings`` (on their task queue), run to its end: its
+    handle, result and events (read while that worker can replay them)."""
+    from worker import build_worker
+
+    async with build_worker(stack.client, settings):
+        handle = await start_conversation(
+            stack.client,
+            f"{settings.task_queue}-{uuid.uuid4().hex[:6]}",
+            {"model": stack.model, "prompt": prompt, "closeWhenIdle": True},
+            task_queue=settings.task_queue,
+        )
+        result = await asyncio.wait_for(handle.result(), 30)
+        events = await read_events(stack.client, handle.id)
+    return handle, result, events
 
 
 async def read_events(
