@@ -563,3 +563,130 @@ async def test_cancelling_the_loop_while_a_hook_waits_still_cancels_it() -> None
     with pytest.raises(asyncio.CancelledError):
         await task
     assert "tool_execution_end" not in fake.outline()
+
+
+# --- behaviours a mutation audit found untested (each test fails with its mutant) ---------------
+
+
+async def test_a_steer_queued_before_the_prompt_joins_the_first_turn() -> None:
+    """SPEC 3: ``pending`` starts with one steering poll; SPEC 6: queued
+    messages are delivered by the next prompt's first steering poll."""
+    fake = agent(say("answered both"))
+    fake.steering.append(user("queued earlier"))
+    messages = await run(fake)
+    assert roles(messages) == ["user", "user", "assistant:stop"]
+    assert roles(fake.model_contexts[0]) == ["user", "user"]
+    assert fake.outline().count("turn_start") == 1
+    assert [e.get("queue") for e in fake.events if e["type"] == "message_start"][:2] == [None, "steering"]
+
+
+async def test_turn_end_carries_the_turns_tool_results() -> None:
+    """SPEC 2 and 3.6: ``turn_end{message, toolResults}``."""
+    fake = agent(calls(("c1", "echo", {"text": "a"}), ("c2", "echo", {"text": "b"})), say("ok"))
+    await run(fake)
+    first, last = [e for e in fake.events if e["type"] == "turn_end"]
+    assert [r["toolCallId"] for r in first["toolResults"]] == ["c1", "c2"]
+    assert first["toolResults"][0]["content"][0]["text"] == "echo: a"
+    assert last["toolResults"] == []
+
+
+async def test_a_steer_sent_during_aborted_tools_stays_queued() -> None:
+    """SPEC 6: after a run ends by abort, queued messages stay queued (they
+    were written into the transcript before the aborted message)."""
+    fake = agent(calls(("a1", "stop", {"text": "x"})), say("never"))
+
+    async def abort_and_steer(args: dict[str, Any]) -> str:
+        fake.steering.append(user("steer"))
+        fake.aborted = True
+        return "stopped"
+
+    fake.tool("stop", abort_and_steer)
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:toolUse", "toolResult:a1", "assistant:aborted"]
+    assert [m.content for m in fake.steering] == ["steer"]
+
+
+class _OverridingHooks(AgentHooks):
+    """Blocks, flips ``isError`` and terminates, by the call's ``text``."""
+
+    def before_tool_call(self, context: ToolCallContext) -> BlockToolCall | None:
+        reasons: dict[str, Any] = {"block": ..., "block-none": None, "block-empty": ""}
+        text = context.args["text"]
+        if text not in reasons:
+            return None
+        return BlockToolCall() if reasons[text] is ... else BlockToolCall(reason=reasons[text])
+
+    async def after_tool_call(
+        self, context: ToolCallContext, outcome: ToolOutcome
+    ) -> ToolResultOverride | None:
+        overrides = {
+            "flag": ToolResultOverride(is_error=True),
+            "fail": ToolResultOverride(is_error=False),
+            "end": ToolResultOverride(terminate=True),
+        }
+        return overrides.get(context.args["text"])
+
+
+async def test_a_block_without_a_reason_says_the_default_and_never_runs_the_tool() -> None:
+    """SPEC 5: the before-tool-call hook may block (``reason``, default
+    ``Tool execution was blocked``), also with a reason of None or ''."""
+    ran: list[str] = []
+
+    async def tracked(args: dict[str, Any]) -> str:
+        ran.append(args["text"])
+        return "ran"
+
+    fake = agent(
+        calls(
+            ("b1", "t", {"text": "block"}),
+            ("b2", "t", {"text": "block-none"}),
+            ("b3", "t", {"text": "block-empty"}),
+        ),
+        say("ok"),
+    )
+    fake.tool("t", tracked)
+    fake.hooks = _OverridingHooks()
+    messages = await run(fake)
+    results = [m for m in messages if m.role == "toolResult"]
+    assert [(r.is_error, r.content[0].text) for r in results] == [(True, "Tool execution was blocked")] * 3
+    assert ran == []
+
+
+async def test_the_after_hook_overrides_is_error_both_ways() -> None:
+    """SPEC 5: the after-tool-call hook may replace ``content``,
+    ``details``, ``isError``, ``terminate`` field by field."""
+
+    async def failing(args: dict[str, Any]) -> str:
+        if args["text"] == "fail":
+            raise RuntimeError("tool failed")
+        return "ok"
+
+    fake = agent(calls(("f1", "t", {"text": "flag"}), ("f2", "t", {"text": "fail"})), say("ok"))
+    fake.tool("t", failing)
+    fake.hooks = _OverridingHooks()
+    messages = await run(fake)
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["f1"].is_error and results["f1"].content[0].text == "ok"
+    assert not results["f2"].is_error and results["f2"].content[0].text == "tool failed"
+    ends = {e["toolCallId"]: e["isError"] for e in fake.events if e["type"] == "tool_execution_end"}
+    assert ends == {"f1": True, "f2": False}
+
+
+async def test_the_after_hooks_terminate_ends_the_run_after_the_batch() -> None:
+    fake = agent(calls(("e1", "echo", {"text": "end"})), say("never"))
+    fake.hooks = _OverridingHooks()
+    messages = await run(fake)
+    assert roles(messages) == ["user", "assistant:toolUse", "toolResult:e1"]
+    assert len(fake.model_contexts) == 1
+
+
+async def test_prompts_a_continue_drained_from_a_queue_name_it() -> None:
+    """``message_start.queue`` (this project's addition) says which queue
+    a message came from, also for those ``continue`` runs as prompts."""
+    fake = agent(say("ok"))
+    context = fake.context([user("hi"), say("hello")])
+    await run_agent_loop(
+        [user("steer")], context, fake.config(), queue="steering", skip_initial_steering=True
+    )
+    starts = [e for e in fake.events if e["type"] == "message_start"]
+    assert starts[0]["message"]["content"] == "steer" and starts[0]["queue"] == "steering"
