@@ -78,6 +78,7 @@ __all__ = [
     "Refused",
     "SessionResult",
     "SessionState",
+    "StoppedWaiting",
     "WaitForIdleResult",
     "follow",
     "list_conversations",
@@ -127,6 +128,12 @@ def _readable(message: str) -> str:
     return (
         "a reason encrypted with a key this client does not have (give it the workers' AGENT_ENCRYPTION_KEYS)"
     )
+
+
+class StoppedWaiting(Exception):
+    """A request was sent and its answer not waited for (Ctrl-C, a
+    cancelled task): the conversation keeps it, and applies it when a
+    worker takes it. Sending it again applies it twice."""
 
 
 class ConversationExists(Refused):
@@ -240,13 +247,20 @@ class Conversation:
         update limit, an unreachable server after the SDK's own retries) is
         the caller's at once, as is a task that keeps failing after
         ``MAX_RETRIES`` tries."""
-        if Conversation.on_slow_update is None or name == "wait_for_idle":
+        if name == "wait_for_idle":
             return await self._execute_update(name, args, result_type)
-        note = asyncio.get_running_loop().create_task(self._note_when_slow(name))
+        note = None
+        if Conversation.on_slow_update is not None:
+            note = asyncio.get_running_loop().create_task(self._note_when_slow(name))
         try:
             return await self._execute_update(name, args, result_type)
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            raise StoppedWaiting(
+                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it."
+            ) from None
         finally:
-            note.cancel()
+            if note is not None:
+                note.cancel()
 
     async def _execute_update(self, name: str, args: tuple[Any, ...], result_type: Any) -> Any:
         update_id = f"{name}-{uuid.uuid4()}"

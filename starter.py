@@ -40,7 +40,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
-from client import AgentMessage, Conversation, PromptResult, Refused, list_conversations
+from client import AgentMessage, Conversation, PromptResult, Refused, StoppedWaiting, list_conversations
 from console import EventRenderer, approval_hint, chat, skipped_note, watch
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
@@ -495,11 +495,10 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
-    except WorkflowUpdateRPCTimeoutOrCancelledError:  # Ctrl-C while a request waited for a worker
-        print(
-            "stopped waiting: what was sent is kept, and applies when a worker takes it.",
-            file=sys.stderr,
-        )
+    except StoppedWaiting as stopped:  # Ctrl-C while a request waited for a worker
+        print(f"note: {stopped}", file=sys.stderr)
+        code = 130
+    except WorkflowUpdateRPCTimeoutOrCancelledError:  # Ctrl-C while reading (`wait`, `prompt --wait`)
         code = 130
     except BrokenPipeError:  # the reader went away (`watch ID --json | head`)
         code = 0

@@ -119,6 +119,7 @@ def build_worker(
         # tool as a plain activity.
         legacy_tools={d.name: d.model_copy(update={"local": False}) for d in declared},
         default_model=settings.default_model,
+        track_subscribers=not settings.sdk_fallbacks,
     )
     if llm is not None and (transform_context or convert_to_llm):
         raise ValueError("Pass transform_context and convert_to_llm to LlmActivities when you pass llm.")

@@ -29,7 +29,7 @@ class SessionActivities:
             model=model,
             tools=tools,
             search_attributes=search_attributes,
-            track_subscribers=None if track_subscribers else False,
+            track_subscribers=track_subscribers,
         )
 
     @activity.defn(name="session_defaults")

@@ -1098,7 +1098,9 @@ async def test_a_request_no_worker_takes_is_noted_and_ctrl_c_stops_only_the_wait
             process.kill()
             await process.wait()
         await handle.terminate("test")
-    assert rest.decode() == "stopped waiting: what was sent is kept, and applies when a worker takes it.\n"
+    assert rest.decode() == (
+        "note: Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it.\n"
+    )
 
 
 async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -> None:
@@ -1144,7 +1146,7 @@ async def test_a_lost_server_is_one_note_not_the_sdks_log_lines(tmp_path: Path) 
         assert code == 0
         process = await spawn_starter(server, "watch", "outage")
         assert process.stderr is not None
-        await asyncio.sleep(3)
+        await asyncio.sleep(5)  # connected and reading (a starter starts in ~1.5 s)
     finally:
         server.stop()
     try:

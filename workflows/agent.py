@@ -294,8 +294,9 @@ class AgentWorkflow:
             session.closing = True
             raise refusal(self._strict_input_error)
         await self._record_worker_defaults()
-        if not session.track_subscribers:
-            self._stream.tracking = False  # recorded fallback: the linger is a plain timer
+        recorded = session.track_subscribers
+        if not (self._bindings.track_subscribers if recorded is None else recorded):
+            self._stream.tracking = False  # the fallback: the linger is a plain timer
         self._update_details()
         if session.run is not None:
             await self._resume_run()
@@ -349,7 +350,7 @@ class AgentWorkflow:
             defaults = await self._calls.session_defaults()
             session.declared = {tool.name: tool for tool in defaults.tools or []}
             session.search_attributes = defaults.search_attributes
-            session.track_subscribers = defaults.track_subscribers is not False
+            session.track_subscribers = defaults.track_subscribers
             settings.model = settings.model or defaults.model
         elif session.declared is None:
             session.declared = dict(self._bindings.legacy_tools)

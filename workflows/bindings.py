@@ -40,6 +40,10 @@ class WorkflowBindings:
     """The worker's default model: what the first task records for a
     conversation started without one (a `state` query asked before that
     answers with it)."""
+    track_subscribers: bool = True
+    """The worker's own choice (False with AGENT_SDK_FALLBACKS): what a new
+    conversation records, and how one that recorded no choice (started
+    before it was recorded) replays, as it did."""
 
 
 class BindingsInterceptor(Interceptor):

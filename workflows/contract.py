@@ -157,7 +157,7 @@ class SessionCarry(WireModel):
     decisions: list[ApprovalRequest] = Field(default_factory=list)
     """Decisions that arrived while the conversation was continuing as new."""
     track_subscribers: bool | None = None
-    """As recorded in ``SessionDefaults`` (None: True)."""
+    """As recorded in ``SessionDefaults`` (None: none recorded)."""
     search_attributes: bool = False
     published: dict[str, Any] = Field(default_factory=dict)
     """The search attribute values last upserted."""
@@ -176,8 +176,9 @@ class SessionDefaults(WireModel):
     """False: the worker does not track the stream's subscribers (its SDK
     fallbacks are on), so a completing conversation lingers by a plain
     timer. Recorded rather than read from the worker, because it decides
-    a command: every worker replays the conversation as it ran. None
-    (left out of the JSON, as in recordings made before it existed): True."""
+    a command: every worker replays the conversation as it ran. None (a
+    recording made before it existed): the replaying worker's own choice,
+    as then."""
 
 
 class PromptResult(WireModel):

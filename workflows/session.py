@@ -101,7 +101,7 @@ class Session:
         self.search_attributes = carry.search_attributes
         # Whether the stream's subscribers are tracked, as the conversation
         # recorded when it started (SessionDefaults.track_subscribers).
-        self.track_subscribers = carry.track_subscribers is not False
+        self.track_subscribers: bool | None = carry.track_subscribers
         self.published: dict[str, Any] = dict(carry.published)
 
     # --- status -------------------------------------------------------------------
@@ -377,7 +377,7 @@ class Session:
             decisions=list(self.decisions.values()),
             search_attributes=self.search_attributes,
             published=self.published,
-            track_subscribers=None if self.track_subscribers else False,
+            track_subscribers=self.track_subscribers,
         )
 
     def search_attribute_values(self) -> dict[str, Any]:
