@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -457,21 +458,23 @@ class Conversation:
         """The task queue of a conversation that has ended, whose events a
         worker there must replay to be read; None while it runs, or when the
         server does not say."""
+        ended = await self._ended()
+        return ended.task_queue if ended is not None else None
+
+    async def _has_ended(self) -> bool:
+        """The conversation's latest run has ended (False when that cannot be told)."""
+        return await self._ended() is not None
+
+    async def _ended(self) -> WorkflowExecutionDescription | None:
+        """The latest run's description if it has ended; None while it runs,
+        or when the server does not say."""
         try:
             described = await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)
         except Exception:
             return None
         if described.status in (None, WorkflowExecutionStatus.RUNNING):
             return None
-        return described.task_queue
-
-    async def _has_ended(self) -> bool:
-        """The conversation's latest run has ended (False when that cannot be told)."""
-        try:
-            status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
-        except Exception:
-            return False
-        return status is not None and status != WorkflowExecutionStatus.RUNNING
+        return described
 
     async def messages(self) -> list[AgentMessage]:
         """The transcript."""

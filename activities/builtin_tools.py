@@ -165,18 +165,26 @@ def _inside_workspace(path: str) -> Path:
     if not _is_inside(resolved, root):
         raise _outside(asked)
     inside = resolved.relative_to(root)
-    if any(part.startswith(".") for part in inside.parts):
+    if _is_hidden(inside):
         named = any(part.startswith(".") and part not in (".", "..") for part in Path(path).parts)
-        leads = "" if named else f" leads to {_shown(str(inside))}, which"  # through a symlink
-        raise PermissionError(
-            f"{asked}{leads} is hidden (a name starting with a dot): hidden files and directories "
-            "(.env, .git, ...) often hold secrets and are not read."
-        )
+        raise _hidden(asked, None if named else inside)  # not named: through a symlink
     return resolved
 
 
 def _is_inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
+
+
+def _is_hidden(inside: Path) -> bool:
+    return any(part.startswith(".") for part in inside.parts)
+
+
+def _hidden(asked: str, leads_to: Path | None) -> PermissionError:
+    leads = f" leads to {_shown(str(leads_to))}, which" if leads_to is not None else ""
+    return PermissionError(
+        f"{asked}{leads} is hidden (a name starting with a dot): hidden files and directories "
+        "(.env, .git, ...) often hold secrets and are not read."
+    )
 
 
 def _outside(asked: str) -> PermissionError:
@@ -219,14 +227,10 @@ def _open_inside(path: Path, asked: str, *, directory: bool = False) -> int:
             opened = again if (same.st_dev, same.st_ino) == (status.st_dev, status.st_ino) else Path("/")
         if not _is_inside(opened, root):
             raise _outside(_shown(asked))
-        if any(part.startswith(".") for part in opened.relative_to(root).parts):
+        if _is_hidden(opened.relative_to(root)):
             # A directory swapped for a link to a hidden one after the check
             # (a security audit: 3,830 reads of 20,000 in a race).
-            raise PermissionError(
-                f"{_shown(asked)} leads to {_shown(str(opened.relative_to(root)))}, which is hidden (a name "
-                "starting with a dot): hidden files and directories (.env, .git, ...) often hold secrets "
-                "and are not read."
-            )
+            raise _hidden(_shown(asked), opened.relative_to(root))
     except BaseException:
         os.close(fd)
         raise
