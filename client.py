@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ValidationError
+from temporalio.api.enums.v1 import PendingActivityState, PendingWorkflowTaskState
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -165,6 +167,36 @@ before ``Conversation.on_slow_update`` hears of it: the workflow answers
 each at once, so a wait that long means no worker has taken it."""
 
 
+WORKER_NOTE_AFTER = 5.0
+"""Seconds a running conversation's next step (a workflow task, a model or
+tool call) may wait to be taken before a reader of its events is told
+(``Conversation.waits_for_worker``): a live worker takes one at once."""
+
+_WORKER_CHECKS = (5.0, 10.0, 20.0, 40.0, 60.0)
+"""Seconds without an event before each look at whether the conversation
+waits for a worker (``events``); the last repeats. A quiet conversation
+is looked at less and less often: one describe call a minute at most."""
+
+_STEPS = {"stream_assistant_response": "its model call", "execute_tool": "a tool call"}
+
+
+def _seconds(timestamp: Timestamp) -> float:
+    """A server timestamp as seconds since the epoch (0 when unset)."""
+    return timestamp.ToMilliseconds() / 1000
+
+
+class _Reading:
+    """When a reader of ``Conversation.events`` last had an event."""
+
+    def __init__(self) -> None:
+        self.last_event = time.monotonic()
+        self.moved = asyncio.Event()
+
+    def saw_event(self) -> None:
+        self.last_event = time.monotonic()
+        self.moved.set()
+
+
 class Conversation:
     """One durable conversation (a workflow execution), as pi's ``Agent``."""
 
@@ -277,6 +309,72 @@ class Conversation:
                     raise
                 await asyncio.sleep(_backoff(failures))
                 failures += 1
+
+    async def waits_for_worker(self, after: float = WORKER_NOTE_AFTER) -> str | None:
+        """One sentence when this running conversation's next step (a
+        workflow task, its model call or a tool call) has waited more than
+        ``after`` seconds for a worker to take it: every worker on its task
+        queue is gone (killed, or none started), or all are busy. None while
+        nothing waits (a model call streaming, a call waiting for approval,
+        an idle conversation), once it has ended, or when the server does
+        not say. Compares the server's times with this machine's clock."""
+        try:
+            described = await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)
+        except Exception:
+            return None
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return None
+        raw = described.raw_description
+        now = time.time()
+        task_queue = described.task_queue
+        waiting: list[tuple[float, str, str]] = []  # (since, what, task queue)
+        task = raw.pending_workflow_task
+        if task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_SCHEDULED:
+            waiting.append((_seconds(task.scheduled_time), "its next workflow task", task_queue))
+        for call in raw.pending_activities:
+            if call.state != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED or call.paused:
+                continue
+            since = max(_seconds(call.scheduled_time), _seconds(call.next_attempt_schedule_time))
+            what = _STEPS.get(call.activity_type.name, f"activity {call.activity_type.name}")
+            if call.attempt > 1:
+                what += f" (attempt {call.attempt})"
+            waiting.append((since, what, call.activity_options.task_queue.name or task_queue))
+        late = [(since, what, queue) for since, what, queue in waiting if since and now - since > after]
+        if not late:
+            return None
+        since, what, queue = min(late)
+        return (
+            f"{self.id} waits for a worker on task queue {queue!r}: {what} has not been taken for "
+            f"{now - since:.0f} s: no worker runs there, or all are busy. The conversation goes on when "
+            "one takes it."
+        )
+
+    async def _note_while_no_worker(self, reading: _Reading) -> None:
+        """Tell ``on_slow_update`` once that the conversation whose events
+        are read waits for a worker (``waits_for_worker``), looked at only
+        while no event comes (``_WORKER_CHECKS``), and again after it went
+        on. A reader of a conversation whose only worker died was told
+        nothing (a durability audit)."""
+        said = False
+        checks = 0
+        while True:
+            quiet = time.monotonic() - reading.last_event
+            if quiet < _WORKER_CHECKS[0]:
+                checks = 0
+                await asyncio.sleep(_WORKER_CHECKS[0] - quiet)
+                continue
+            sentence = await self.waits_for_worker()
+            say = Conversation.on_slow_update
+            if sentence is None:
+                said = False
+            elif not said and say is not None:
+                say(sentence)
+                said = True
+            checks += 1
+            reading.moved.clear()
+            next_look = _WORKER_CHECKS[min(checks, len(_WORKER_CHECKS) - 1)]
+            with contextlib.suppress(TimeoutError):  # an event starts the looks over
+                await asyncio.wait_for(reading.moved.wait(), next_look)
 
     async def _note_when_slow(self, name: str) -> None:
         """Tell ``on_slow_update`` once that ``name`` waits for a worker (a
@@ -557,11 +655,20 @@ class Conversation:
         """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
         conversation ends; ``on_skipped(first, next)`` when events from
         ``first`` were no longer kept; see ``follow``."""
-        async with self._refusals():
-            async for item in follow(
-                self.client, self.id, from_offset, cooldown_ms=cooldown_ms, on_skipped=on_skipped
-            ):
-                yield item
+        reading = _Reading()
+        note = None
+        if Conversation.on_slow_update is not None:
+            note = asyncio.get_running_loop().create_task(self._note_while_no_worker(reading))
+        try:
+            async with self._refusals():
+                async for item in follow(
+                    self.client, self.id, from_offset, cooldown_ms=cooldown_ms, on_skipped=on_skipped
+                ):
+                    reading.saw_event()
+                    yield item
+        finally:
+            if note is not None:
+                note.cancel()
 
     @asynccontextmanager
     async def _refusals(self) -> AsyncIterator[None]:

@@ -1103,6 +1103,30 @@ async def test_a_request_no_worker_takes_is_noted_and_ctrl_c_stops_only_the_wait
     )
 
 
+async def test_watch_of_a_running_conversation_no_worker_takes_says_what_it_waits_for(stack: Stack) -> None:
+    """A running conversation whose only worker is gone (here, never
+    started) showed `watch` nothing at all (a durability audit): after 5 s
+    without an event it says which step waits, on which task queue."""
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow", {"prompt": "hi"}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    )
+    process = await spawn_starter(stack.dev_server, "watch", handle.id)
+    assert process.stderr is not None
+    try:
+        line = await asyncio.wait_for(process.stderr.readline(), 30)
+    finally:
+        process.kill()
+        await process.wait()
+        await handle.terminate("test")
+    assert line.decode().startswith(
+        f"note: {handle.id} waits for a worker on task queue 'no-worker-here': its next workflow task "
+        "has not been taken for "
+    ), line
+    assert line.decode().endswith(
+        " s: no worker runs there, or all are busy. The conversation goes on when one takes it.\n"
+    ), line
+
+
 async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -> None:
     """It said "see the workflow in the Temporal UI", which shows only
     "Encoded failure" when the workers encrypt (a design audit): the reason

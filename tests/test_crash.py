@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from client import start_conversation
+from client import Conversation, start_conversation
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 
@@ -182,6 +182,53 @@ async def start_on(stack: Stack, workers: Workers, prompt: str) -> Any:
         {"model": stack.model, "prompt": prompt, "closeWhenIdle": True},
         task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
     )
+
+
+async def test_a_reader_is_told_when_the_only_worker_died_and_reads_on_when_one_returns(
+    stack: Stack, workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader of a conversation whose only worker died mid-answer was told
+    nothing until a worker came back (a durability audit). Now
+    ``Conversation.on_slow_update`` (printed by the CLI as a note) hears
+    once which step waits, and the events go on when a worker returns."""
+    notes: list[str] = []
+    monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
+    first = workers.start()
+    answer = {"text": "slowly " * 40, "delay_ms": 100, "chunk_chars": 7}
+    stack.script(answer, answer)
+    handle = await start_on(stack, workers, "talk slowly")
+    conversation = Conversation.attach(stack.client, handle.id)
+    events: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async for _, event in conversation.events():
+            events.append(event)
+
+    reader = asyncio.create_task(read())
+    try:
+        await _until(lambda: sum(e["type"] == "message_update" for e in events) > 3, 30)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        await _until(lambda: notes, 60)
+        assert not any(e["type"] == "agent_end" for e in events)
+        workers.start()
+        await _until(lambda: any(e["type"] == "agent_end" for e in events), 60)
+    finally:
+        reader.cancel()
+    queue = workers.env["TEMPORAL_TASK_QUEUE"]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith(f"{handle.id} waits for a worker on task queue {queue!r}: its "), notes
+    assert notes[0].endswith(
+        " s: no worker runs there, or all are busy. The conversation goes on when one takes it."
+    ), notes
+    assert any(e["type"] == "message_retry" for e in events)
+
+
+async def _until(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
 
 
 async def test_worker_killed_while_idle(stack: Stack, workers: Workers) -> None:
