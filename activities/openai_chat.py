@@ -59,6 +59,7 @@ it ends the run with ``stopReason: "error"``, and none of its calls run."""
 
 _FINISH_REASONS: dict[str, StopReason] = {
     "stop": "stop",
+    "end": "stop",  # as pi maps it (some OpenAI-compatible servers send it)
     "length": "length",
     "tool_calls": "toolUse",
     "function_call": "toolUse",
@@ -111,8 +112,10 @@ class ConversionMemo:
 def _tool_parts(message: ToolResultMessage) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A tool result as its ``tool`` message and the image parts that follow the batch."""
     text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
-    tool = {"role": "tool", "tool_call_id": wire_call_id(message.tool_call_id), "content": text}
     returned = [c for c in message.content if isinstance(c, ImageContent)]
+    if not text and returned:
+        text = "(see attached image)"  # as pi sends it: the images follow the batch
+    tool = {"role": "tool", "tool_call_id": wire_call_id(message.tool_call_id), "content": text}
     images: list[dict[str, Any]] = []
     if returned:
         images.append({"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"})
@@ -126,8 +129,9 @@ def _user_message(message: UserMessage) -> dict[str, Any] | None:
     return {"role": "user", "content": content} if content else None
 
 
-def _assistant_parts(message: AssistantMessage) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """An assistant message as sent, and the ids of the calls it makes."""
+def _assistant_parts(message: AssistantMessage) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """An assistant message as sent (None when it has neither text nor
+    tool calls), and the ids of the calls it makes."""
     return _assistant_message(message), tuple(call.id for call in message.tool_calls)
 
 
@@ -190,7 +194,8 @@ def to_openai_messages(
                 out.append(user)
         elif isinstance(message, AssistantMessage) and message.stop_reason not in ("error", "aborted"):
             sent, call_ids = converted(message, _assistant_parts)
-            out.append(sent)
+            if sent is not None:
+                out.append(sent)
             unanswered.update(dict.fromkeys(call_ids))
     close_batch()
     return out
@@ -243,8 +248,14 @@ def _image_part(image: ImageContent) -> dict[str, Any]:
     }
 
 
-def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
-    result: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+def _assistant_message(message: AssistantMessage) -> dict[str, Any] | None:
+    """As pi sends one: its text without blank parts (None when there is
+    none), its reasoning, its calls; None when it has no text and no
+    calls (a thinking-only or blank answer), which servers refuse."""
+    text = "".join(c.text for c in message.content if isinstance(c, TextContent) and c.text.strip())
+    if not text and not message.tool_calls:
+        return None
+    result: dict[str, Any] = {"role": "assistant", "content": text or None}
     thinking = [c for c in message.content if isinstance(c, ThinkingContent) and c.thinking.strip()]
     if thinking and thinking[0].thinking_signature in REASONING_FIELDS:
         # As pi does: the reasoning goes back in the field it streamed in
@@ -261,8 +272,6 @@ def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
             }
             for call in message.tool_calls
         ]
-    elif result["content"] is None:
-        result["content"] = ""
     return result
 
 
@@ -336,7 +345,10 @@ class StreamAssembler:
     at the end, one ``AssistantMessage``.
 
     Blocks (thinking, text, tool calls) are kept in the order they start; a
-    new block closes the previous one (``*_end``), as pi's stream does. A
+    new block closes the previous one (``*_end``) at once, so a subscriber
+    sees each block end before the next starts (pi's openai-completions
+    stream keeps one text and one thinking block a message, and ends them
+    all when the stream ends). A
     provider that interleaves the deltas of parallel tool calls still gets
     every call whole: a delta for a closed call reopens it, and it is
     closed again, with its whole arguments, when the next block starts or
@@ -384,6 +396,8 @@ class StreamAssembler:
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
+            if not chunk.get("usage") and isinstance(choice.get("usage"), dict) and choice["usage"]:
+                self._usage = choice["usage"]  # Moonshot sends it there (as pi reads it)
             delta = choice.get("delta")
             if not isinstance(delta, dict):
                 delta = {}
@@ -530,7 +544,7 @@ class StreamAssembler:
         self._closed_args[index] = raw
         self._arg_errors.pop(block.id, None)
         try:
-            parsed = json.loads(raw) if raw.strip() else {}
+            parsed = _parse_arguments(raw) if raw.strip() else {}
             if not isinstance(parsed, dict):
                 raise ValueError(f"expected a JSON object, got {type(parsed).__name__}")
             if nesting_depth(parsed) > MAX_NESTING:
@@ -560,7 +574,10 @@ class StreamAssembler:
         incomplete and would otherwise be left without results; so does one
         that asked for too many calls (it ends as an error)."""
         too_many = self.too_many_calls and not aborted
-        dropped = aborted or too_many
+        # A finish reason that is no answer (content_filter, network_error,
+        # one unknown) ends it as an error, as pi's does: its calls do not run.
+        refused = not aborted and self._finish_reason not in (None, *_FINISH_REASONS)
+        dropped = aborted or too_many or refused
         if not dropped and self._finish_reason is None:
             raise StreamEndedEarly(
                 "The model's stream ended before it finished its answer."
@@ -608,6 +625,62 @@ class StreamAssembler:
         return message, errors, events
 
 
+_VALID_ESCAPES = frozenset('"\\/bfnrtu')
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+
+
+def _parse_arguments(raw: str) -> Any:
+    """A tool call's arguments: the JSON, or, when that fails, the JSON as
+    pi repairs it (``repair_json``), which models' Windows paths, regexes
+    and multi-line strings often need. Arguments cut off mid-way are not
+    completed (pi's partial parse): a call with half its arguments must
+    not run, so they stay an error the model sees."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        repaired = repair_json(raw)
+        if repaired == raw:
+            raise
+        return json.loads(repaired)
+
+
+def repair_json(text: str) -> str:
+    """pi's ``repairJson``: inside string literals, raw control characters
+    escaped and a backslash before a character JSON does not escape doubled
+    (a Windows path or a regular expression written with single
+    backslashes, a line break typed into a string)."""
+    out: list[str] = []
+    in_string = False
+    index = 0
+    while index < len(text):
+        char = text[index]
+        index += 1
+        if not in_string:
+            out.append(char)
+            in_string = char == '"'
+        elif char == '"':
+            out.append(char)
+            in_string = False
+        elif char == "\\":
+            following = text[index] if index < len(text) else ""
+            if following == "u" and _HEX4.fullmatch(text, index + 1, index + 5):
+                out.append(text[index - 1 : index + 5])
+                index += 5
+            elif following and following in _VALID_ESCAPES and following != "u":
+                out.append(char + following)
+                index += 1
+            else:
+                out.append("\\\\")
+        elif ord(char) < 0x20:
+            out.append(_CONTROL_ESCAPES.get(char) or f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+_CONTROL_ESCAPES = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def usage_from_openai(model: str, usage: dict[str, Any] | None) -> Usage:
     """pi's usage (with cost) from an OpenAI ``usage`` object."""
     if not isinstance(usage, dict) or not usage:
@@ -615,19 +688,28 @@ def usage_from_openai(model: str, usage: dict[str, Any] | None) -> Usage:
     prompt = _tokens(usage.get("prompt_tokens"))
     output = _tokens(usage.get("completion_tokens"))
     details = usage.get("prompt_tokens_details")
-    cached = min(prompt, _tokens(details.get("cached_tokens") if isinstance(details, dict) else None))
+    details = details if isinstance(details, dict) else {}
+    reported = details.get("cached_tokens")
+    if reported is None:
+        reported = usage.get("prompt_cache_hit_tokens")  # DeepSeek
+    written = min(prompt, _tokens(details.get("cache_write_tokens")))
+    # As pi reads them: some servers (OpenRouter) count this request's
+    # writes among the cached tokens too; those are writes, not reads.
+    cached = min(prompt - written, max(0, _tokens(reported) - written) if written else _tokens(reported))
     price_in, price_out, price_cached = _price(model)
     cost = Cost(
-        input=(prompt - cached) * price_in / 1e6,
+        input=(prompt - cached - written) * price_in / 1e6,
         output=output * price_out / 1e6,
         cache_read=cached * price_cached / 1e6,
+        cache_write=written * price_in / 1e6,  # no price of its own here: as input
     )
-    cost.total = cost.input + cost.output + cost.cache_read
+    cost.total = cost.input + cost.output + cost.cache_read + cost.cache_write
     return Usage(
-        input=prompt - cached,
+        input=prompt - cached - written,
         output=output,
         cache_read=cached,
-        total_tokens=_tokens(usage.get("total_tokens")) or prompt + output,
+        cache_write=written,
+        total_tokens=prompt + output,  # as pi counts it, not the server's own total
         cost=cost,
     )
 

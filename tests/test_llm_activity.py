@@ -155,9 +155,33 @@ def test_a_thinking_signature_that_is_no_reasoning_field_is_not_sent() -> None:
     """A transcript given at start could carry any signature: only a
     reasoning field goes back, never a key such as ``role``."""
     message = AssistantMessage(
-        content=[ThinkingContent(thinking="x", thinking_signature="role")], stop_reason="stop", timestamp=0
+        content=[ThinkingContent(thinking="x", thinking_signature="role"), TextContent(text="so")],
+        stop_reason="stop",
+        timestamp=0,
     )
-    assert to_openai_messages(None, [message]) == [{"role": "assistant", "content": ""}]
+    assert to_openai_messages(None, [message]) == [{"role": "assistant", "content": "so"}]
+
+
+def test_an_answer_with_no_text_and_no_calls_is_not_sent_and_blank_parts_are_left_out() -> None:
+    """As pi's conversion: servers refuse an assistant message with neither
+    content nor tool calls (a thinking-only, blank or empty answer); the
+    port sent ``{"role": "assistant", "content": ""}`` (a pi parity audit)."""
+    user = UserMessage(content="hi", timestamp=0)
+    thinking_only = AssistantMessage(
+        content=[ThinkingContent(thinking="hmm", thinking_signature="reasoning_content")],
+        stop_reason="stop",
+        timestamp=0,
+    )
+    blank = AssistantMessage(content=[TextContent(text="  \n")], stop_reason="stop", timestamp=0)
+    empty = AssistantMessage(content=[], stop_reason="stop", timestamp=0)
+    parts = AssistantMessage(
+        content=[TextContent(text="a"), TextContent(text=" "), TextContent(text="b")],
+        stop_reason="stop",
+        timestamp=0,
+    )
+    sent = to_openai_messages(None, [user, thinking_only, user, blank, empty, user, parts])
+    assert [m["role"] for m in sent] == ["user", "user", "user", "assistant"]
+    assert sent[-1] == {"role": "assistant", "content": "ab"}
 
 
 def test_half_an_emoji_from_the_model_is_replaced_not_fatal() -> None:
@@ -710,3 +734,85 @@ def test_a_429_is_retryable_whatever_its_retry_after_says(
     assert not failure.non_retryable and "The model server answered 429" in failure.message
     got = failure.next_retry_delay
     assert (got.total_seconds() if got is not None else None) == delay
+
+
+# --- as pi 0.73.1's openai-completions provider reads and writes (a pi parity audit) ---
+
+
+def _call_with_arguments(arguments: str) -> tuple[dict[str, Any], dict[str, str]]:
+    assembler = StreamAssembler("m")
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+    assembler.feed(_chunk({"tool_calls": [call]}))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    return message.tool_calls[0].arguments, errors
+
+
+def test_arguments_with_raw_line_breaks_or_single_backslashes_are_repaired_as_pi_does() -> None:
+    """Models write multi-line strings, regexes and Windows paths into the
+    JSON unescaped: pi repairs them (``repairJson``); the port made each an
+    error result ("Invalid control character", "Invalid \\escape")."""
+    assert _call_with_arguments('{"cmd": "echo a\nb\tc"}') == ({"cmd": "echo a\nb\tc"}, {})
+    assert _call_with_arguments(r'{"pattern": "\d+\.\w*", "path": "C:\Users\me"}') == (
+        {"pattern": r"\d+\.\w*", "path": r"C:\Users\me"},
+        {},
+    )
+    assert _call_with_arguments(r'{"a": "\u00e9\"\\"}') == ({"a": 'é"\\'}, {})
+    # Cut off mid-way: not completed (a call with half its arguments must not run).
+    arguments, errors = _call_with_arguments('{"path": "notes.md", "content": "first li')
+    assert arguments == {} and "Unterminated string" in errors["c1"]
+
+
+def test_a_finish_reason_that_is_no_answer_ends_as_an_error_and_its_calls_do_not_run() -> None:
+    """As pi maps them: ``end`` is ``stop`` (the port made it an error that
+    ended the run); ``content_filter`` with tool calls is an error whose
+    calls are dropped (the port ran the flagged calls)."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_chunk({"content": "done"}))
+    assembler.feed(_chunk({}, "end"))
+    message, _, _ = assembler.finish()
+    assert message.stop_reason == "stop" and message.error_message is None
+
+    assembler = StreamAssembler("m")
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    assembler.feed(_chunk({"content": "let me", "tool_calls": [call]}))
+    assembler.feed(_chunk({}, "content_filter"))
+    message, errors, events = assembler.finish()
+    assert message.stop_reason == "error" and message.tool_calls == [] and errors == {}
+    assert message.error_message == "The model stopped with finish_reason='content_filter'."
+    assert message.text == "let me"
+    assert not any(event["type"] == "toolcall_end" for event in events)
+
+
+def test_usage_is_read_as_pi_reads_it() -> None:
+    """DeepSeek's ``prompt_cache_hit_tokens``, cache writes (which some
+    servers also count as cached), a total from the parts, and usage sent
+    inside the choice (Moonshot): the port read none of these."""
+    deepseek = usage_from_openai(
+        "m",
+        {"prompt_tokens": 100, "completion_tokens": 10, "prompt_cache_hit_tokens": 40, "total_tokens": 999},
+    )
+    assert (deepseek.input, deepseek.cache_read, deepseek.total_tokens) == (60, 40, 110)
+    details = {"cached_tokens": 50, "cache_write_tokens": 20}
+    written = usage_from_openai(
+        "m", {"prompt_tokens": 100, "completion_tokens": 10, "prompt_tokens_details": details}
+    )
+    assert (written.input, written.cache_read, written.cache_write, written.total_tokens) == (50, 30, 20, 110)
+
+    assembler = StreamAssembler("m")
+    assembler.feed(_chunk({"content": "hi"}))
+    chunk = _chunk({}, "stop")
+    chunk["choices"][0]["usage"] = {"prompt_tokens": 7, "completion_tokens": 2}
+    assembler.feed(chunk)
+    message, _, _ = assembler.finish()
+    assert (message.usage.input, message.usage.output, message.usage.total_tokens) == (7, 2, 9)
+
+
+def test_a_tool_result_of_only_images_says_they_follow() -> None:
+    """pi sends "(see attached image)"; the port sent an empty tool message."""
+    result = ToolResultMessage(
+        tool_call_id="a", tool_name="picture", content=[ImageContent(data=PIXEL_PNG, mime_type="image/png")]
+    )
+    sent = to_openai_messages(None, [UserMessage(content="go", timestamp=0), _turn("a"), result])
+    assert sent[2] == {"role": "tool", "tool_call_id": "a", "content": "(see attached image)"}
+    assert sent[3]["role"] == "user" and sent[3]["content"][1]["type"] == "image_url"

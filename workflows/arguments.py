@@ -4,10 +4,13 @@ The workflow validates a call before any activity runs (pi's
 ``validateToolArguments``), and it must decide the same way on every worker
 that ever replays the conversation: so it validates against the schema
 recorded in the conversation's history, never against a Python class that
-happens to be registered on this worker. Like pi's validator (AJV with
-``coerceTypes``), scalar strings are coerced where the schema asks for a
-number or a boolean ("3" -> 3), and top-level defaults are filled in, so a
-tool and its hooks see the arguments as its model would have parsed them.
+happens to be registered on this worker. As pi's validator converts
+(TypeBox ``Value.Convert``), scalar strings are coerced where the schema
+asks for a number or a boolean ("3" -> 3). Unlike it, ``null`` and 1/0
+are not made 0 and true/false (they are refused, with the schema's words),
+and top-level defaults are filled in, so a tool and its hooks see every
+argument its schema describes. A change here changes which calls run in a
+replayed history: it needs a workflow patch (``workflows/versions.py``).
 
 Pure and deterministic: no Temporal import, no I/O.
 """

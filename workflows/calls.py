@@ -74,9 +74,11 @@ INSTANT_ABORT_PATCH = "instant-abort"
 # land during the workflow task that switched, which the server then failed
 # (UnhandledCommand) and ran again.
 AWAIT_ABORTED_CALL_PATCH = "await-aborted-model-call"
-# Events as pi emits them, where the count changed (so that an execution
-# replayed from before keeps the offsets its subscribers hold): a run ended
-# by a failing hook has its failure message's turn_end; a model call whose
+# Events where their count changed (so that an execution replayed from
+# before keeps the offsets its subscribers hold): a run ended by a failing
+# hook has its failure message's turn_end (pi's handleRunFailure emits only
+# agent_end; here every run's last message ends a turn, as subscribers
+# expect, and the SPEC asks only for the message and agent_end); a model call whose
 # last attempt broke off mid-answer ends the message it streamed; a retry
 # drops the partial message (an abort then has a message_start of its own).
 STREAM_AS_PI_PATCH = "stream-events-as-pi"
