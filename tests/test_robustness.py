@@ -87,7 +87,10 @@ async def test_signals_with_no_argument_or_two_are_dropped(stack: Stack) -> None
 @pytest.mark.parametrize(
     ("name", "args", "says"),
     [
-        ("prompt", [], "needs one argument"),
+        ("prompt", [], "`prompt` needs one argument (the message text or object, or a list of them)"),
+        # A contract audit: these said "(the message text or object)" too.
+        ("configure", [], "`configure` needs one argument (an object of the settings to change, e.g. "),
+        ("approve_tool", [], '`approve_tool` needs one argument ({"toolCallId": "...", "approved": true or'),
         ("prompt", ["a", "b"], "takes one argument"),
         ("prompt", [raw_json(deep(300))], ""),
         ("prompt", [{"role": "user", "content": [{"type": "text", "text": " "}]}], "has no content"),

@@ -54,6 +54,15 @@ def refusal(text: str) -> ApplicationError:
     return ApplicationError(text, type="InvalidInput", non_retryable=True)
 
 
+_ARGUMENT_OF = {
+    "prompt": "the message text or object, or a list of them",
+    "configure": 'an object of the settings to change, e.g. {"model": "gpt-4o"}',
+    "approve_tool": '{"toolCallId": "...", "approved": true or false}',
+}
+"""What a handler's one argument is, for the sentence that says it is missing
+(a message's text or object where not named)."""
+
+
 def single_argument(args: tuple[Any, ...], what: str, *, optional: bool = False) -> Any:
     """The one argument of a handler that takes one."""
     if len(args) == 1:
@@ -61,7 +70,8 @@ def single_argument(args: tuple[Any, ...], what: str, *, optional: bool = False)
     if not args and optional:
         return None
     if not args:
-        raise InputError(f"`{what}` needs one argument (the message text or object); it got none.")
+        expected = _ARGUMENT_OF.get(what, "the message text or object")
+        raise InputError(f"`{what}` needs one argument ({expected}); it got none.")
     raise InputError(f"`{what}` takes one argument; it got {len(args)}.")
 
 
