@@ -28,6 +28,7 @@ from runtime.connect import connect
 from runtime.settings import Settings
 from testbed.local_stack import DevServer
 from testbed.scripted_model import ScriptedModelServer
+from tests.support.recording_hooks import RecordingHooks
 from tests.support.stack import EventLog, accepted_updates
 from worker import build_worker
 from workflows.stream import RUN_END_UPDATE
@@ -418,6 +419,23 @@ async def long_tool_batch(
     return handle
 
 
+async def hook_abort(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """An abort while a before_tool_call hook waits on a timer
+    (``RecordingHooks``): the hook's wait ends at the abort
+    (abortable-hooks; before, the abort waited for the timer)."""
+    server.script(model, [{"tool_calls": [call("hw", "echo", text="hook-waits")]}, {"text": "never asked"}])
+    handle = await start(client, model, prompt="wait in the hook")
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await asyncio.sleep(0.5)  # the hook's timer is started
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    await handle.signal("close")
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -438,6 +456,7 @@ SCENARIOS: dict[str, Scenario] = {
     "big_tool_arguments": big_tool_arguments,
     "long_tool_batch": long_tool_batch,
     "abort_before_switch": abort_before_switch,
+    "hook_abort": hook_abort,
 }
 
 
@@ -451,7 +470,7 @@ async def record(names: list[str]) -> None:
         config = Settings.from_env(address=server.address, task_queue=TASK_QUEUE)
         client = await connect(config)
         # The dev server has the agent's search attributes: their upserts are recorded too.
-        async with build_worker(client, config, search_attributes=True):
+        async with build_worker(client, config, search_attributes=True, hooks=RecordingHooks()):
             for name, scenario in SCENARIOS.items():
                 if names and name not in names:
                     continue

@@ -13,9 +13,11 @@ from temporalio.client import Client
 
 import activities.builtin_tools  # noqa: F401  (registers the example tools)
 import tests.support.tools  # noqa: F401  (registers the test tools)
+from client import Conversation
 from runtime.settings import Settings
 from testbed.scripted_model import ScriptedModelServer
 from tests.support.guarded_hooks import GuardedHooks
+from tests.support.stack import EventLog
 from worker import build_worker
 from workflows.contract import SessionResult
 from workflows.models import AgentMessage, UserMessage
@@ -251,3 +253,84 @@ async def test_the_context_transform_shapes_each_model_call_and_its_failure_ends
         assert idle["messages"][-1]["content"][0]["text"] == "three"
         await handle.signal("close")
         assert len((await handle.result())["messages"]) == 8
+
+
+@pytest.mark.parametrize("where", ["hang-before", "hang-after", "hang-stop"])
+async def test_an_abort_ends_a_run_whose_hook_never_returns(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None, where: str
+) -> None:
+    """A hook awaiting forever held the run, and an abort with it, until the
+    conversation was closed (carried since the hooks audit): the abort now
+    cancels the hook's await. A call whose before or after hook waited is
+    aborted (the after hook might have redacted its result); a stop hook
+    that waited ends the run aborted."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    first: dict[str, Any] = (
+        {"text": "hang-stop"}
+        if where == "hang-stop"
+        else {"tool_calls": [call("w1", "echo", text=where), call("w2", "calculator", expression="2+2")]}
+    )
+    model_server.script(model, [first, {"text": "never asked"}])
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go"},
+        id=f"hooks-{uuid.uuid4().hex[:8]}",
+        task_queue=TASK_QUEUE,
+    )
+    log = EventLog(client, handle.id)
+    try:
+        if where == "hang-before":
+            await log.wait_for_type("tool_execution_start")  # calls are prepared in turn: w2's waits
+        elif where == "hang-after":
+            await log.wait_until(lambda es: sum(e["type"] == "tool_execution_end" for e in es) == 1)
+        else:
+            await log.wait_for_type("turn_end")
+        await handle.signal("abort")
+        await log.wait_for_type("agent_end", timeout=15)
+    finally:
+        log.close()
+    messages = await Conversation.attach(client, handle.id).messages()
+    await handle.signal("close")
+    await handle.result()
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert messages[-1].role == "assistant" and messages[-1].stop_reason == "aborted"
+    if where == "hang-before":
+        for call_id in ("w1", "w2"):
+            assert results[call_id].is_error and results[call_id].content[0].text == "Tool execution aborted"
+    elif where == "hang-after":
+        # The tool ran, but the hook that may change its result did not decide.
+        assert results["w1"].is_error and results["w1"].content[0].text == "Tool execution aborted"
+        assert not results["w2"].is_error and results["w2"].content[0].text == "2+2 = 4"
+    else:
+        assert [m.role for m in messages] == ["user", "assistant", "assistant"]
+        assert messages[1].text == "hang-stop" and messages[1].stop_reason == "stop"
+
+
+async def test_a_hook_that_does_not_wait_still_decides_after_an_abort(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """The after hook of a call cancelled by an abort runs as before: an
+    ``async`` one that never waits is not cut short (it redacts ``echo``)."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model, [{"tool_calls": [call("r1", "echo", text="slow", delay=30)]}, {"text": "never"}]
+    )
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go"},
+        id=f"hooks-{uuid.uuid4().hex[:8]}",
+        task_queue=TASK_QUEUE,
+    )
+    log = EventLog(client, handle.id)
+    try:
+        await log.wait_for_type("tool_execution_start")
+        await handle.signal("abort")
+        await log.wait_for_type("agent_end", timeout=15)
+    finally:
+        log.close()
+    messages = await Conversation.attach(client, handle.id).messages()
+    await handle.signal("close")
+    await handle.result()
+    result = next(m for m in messages if m.role == "toolResult")
+    assert result.content[0].text == "redacted" and result.details == {"redacted": True}
+    assert messages[-1].stop_reason == "aborted"

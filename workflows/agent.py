@@ -12,6 +12,7 @@ bound in by ``workflows/bindings.py`` when the worker is built.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import json
@@ -59,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.loop import (
         AgentContext,
         ApprovalDecision,
+        HookAborted,
         LoopConfig,
         PreparedToolCall,
         run_agent_loop,
@@ -141,6 +143,10 @@ ABORT_OVER_STOP_PATCH = "abort-over-stop"
 # its own (a 1 ms timer between them); before this patch all in one, which
 # past ~10,000 calls outlasted the SDK's 2 s deadlock check on every attempt.
 TOOL_BATCH_IN_PARTS_PATCH = "tool-batch-in-parts"
+# A hook's await (before_tool_call, after_tool_call, should_stop_after_turn)
+# ends at an abort: its task is cancelled and the call is aborted; before
+# this patch the abort waited for the hook, forever for one that never ends.
+ABORTABLE_HOOKS_PATCH = "abortable-hooks"
 
 
 DETAILS_ITEMS = 10
@@ -427,8 +433,26 @@ class AgentWorkflow:
             total_turns=lambda: session.turns.total,
             failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
             abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
+            until_aborted=self._until_aborted,
             pause_between_parts=self._pause_between_parts,
         )
+
+    async def _until_aborted(self, hook: Awaitable[Any]) -> Any:
+        """A hook's result, or ``HookAborted`` when the run is aborted while
+        the hook waits (its task cancelled: its timers and activities with
+        it). A hook that does not wait decides as before, an abort or not
+        (an after_tool_call that redacts still redacts an aborted result)."""
+        if not self._versions.has(ABORTABLE_HOOKS_PATCH):
+            return await hook
+        session = self._session
+        task = asyncio.ensure_future(hook)
+        await asyncio.sleep(0)  # it runs to its first wait (no timer: a step of the workflow's loop)
+        if not task.done():
+            await workflow.wait_condition(lambda: task.done() or session.abort_requested)
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise HookAborted()
 
     def _pause_between_parts(self) -> Awaitable[None] | None:
         """Ends this workflow task between parts of a long tool batch."""

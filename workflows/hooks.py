@@ -13,7 +13,9 @@ A hook that raises never wedges a conversation: a failing
 (carrying the exception's message), a failing ``should_stop_after_turn``
 ends the run with an assistant message whose ``stopReason`` is ``error``.
 That holds for anything a hook raises (``is_user_failure``), not only an
-``Exception``: ``SystemExit`` or a ``BaseException`` of its own too.
+``Exception``: ``SystemExit`` or a ``BaseException`` of its own too. An
+``abort`` ends a hook's wait (its task is cancelled): the call is aborted,
+or the run ends with its aborted message.
 """
 
 from __future__ import annotations

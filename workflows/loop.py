@@ -143,6 +143,11 @@ class LoopConfig:
     even when the turn would stop the run anyway (``stop_after_turn``,
     ``maxTurns``, a budget, the hook); False replays a run recorded before,
     which ended there as a normal turn."""
+    until_aborted: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None
+    """Awaits what a hook returned that must be awaited, or raises
+    ``HookAborted`` when the run is aborted first (the hook's task is
+    cancelled): a hook that waits forever cannot hold an abort. None awaits
+    it to its end (a run recorded before an abort could end such a wait)."""
     pause_between_parts: Callable[[], Awaitable[None] | None] = lambda: None
     """Awaited (when not None) after every ``TOOL_CALLS_PER_PART`` calls a
     batch prepares, starts or adds results for: a host whose unit of work
@@ -151,6 +156,10 @@ class LoopConfig:
 
 
 TOOL_CALLS_PER_PART = 500
+
+
+class HookAborted(Exception):
+    """The run was aborted while a hook was awaited (``LoopConfig.until_aborted``)."""
 
 
 # --- a run ------------------------------------------------------------------------
@@ -227,6 +236,8 @@ async def run_loop(
             else:
                 try:
                     stop = await _should_stop_after_turn(context, config, message, tool_results)
+                except HookAborted:
+                    stop, has_more_tool_calls = False, True  # the next turn makes the aborted message
                 except BaseException as err:
                     if not is_user_failure(err):
                         raise
@@ -257,9 +268,9 @@ async def _should_stop_after_turn(
     tool_results: list[ToolResultMessage],
 ) -> bool:
     turn = TurnContext(message, tool_results, context.run.turns, config.total_turns())
-    if await _maybe_await(config.should_stop_after_turn(turn)):
+    if await _hook_result(config, config.should_stop_after_turn(turn)):
         return True
-    decision = await _maybe_await(config.hooks.should_stop_after_turn(turn))
+    decision = await _hook_result(config, config.hooks.should_stop_after_turn(turn))
     if not isinstance(decision, bool):
         raise TypeError(f"it returned {type(decision).__name__}, not a bool")
     return decision
@@ -404,13 +415,16 @@ async def _prepare(
         return error_outcome(f"The arguments of tool {call.name} are not valid JSON: {parse_error}")
     try:
         args = validate_tool_arguments(tool, config.prepare_arguments(call))
-        decision = await _maybe_await(
+        decision = await _hook_result(
+            config,
             # A copy of the list: a hook that appends to it or clears it
             # must not change the transcript (a hooks audit saw both).
-            config.hooks.before_tool_call(ToolCallContext(message, call, args, list(context.messages)))
+            config.hooks.before_tool_call(ToolCallContext(message, call, args, list(context.messages))),
         )
     except ToolArgumentsError as err:
         return error_outcome(str(err))
+    except HookAborted:
+        return error_outcome(ABORTED_TEXT)
     except BaseException as err:
         if not is_user_failure(err):
             raise
@@ -479,7 +493,7 @@ async def finalize_executed_tool_call(
     try:
         # Copies, as for before_tool_call: a change goes through ToolResultOverride.
         seen = outcome.model_copy(deep=True)
-        override = await _maybe_await(config.hooks.after_tool_call(call_context, seen))
+        override = await _hook_result(config, config.hooks.after_tool_call(call_context, seen))
         if override is None:
             return outcome
         if not isinstance(override, ToolResultOverride):
@@ -492,6 +506,9 @@ async def finalize_executed_tool_call(
             is_error=outcome.is_error if override.is_error is None else bool(override.is_error),
             terminate=outcome.terminate if override.terminate is None else bool(override.terminate),
         )
+    except HookAborted:
+        # Unfinished: the hook that may change the result (redact it) did not decide.
+        return error_outcome(ABORTED_TEXT)
     except BaseException as err:
         if not is_user_failure(err):
             raise
@@ -637,5 +654,10 @@ async def _ready(outcome: ToolOutcome) -> ToolOutcome:
     return outcome
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
+async def _hook_result(config: LoopConfig, value: Any) -> Any:
+    """What a hook returned, awaited when it must be (``until_aborted``)."""
+    if not inspect.isawaitable(value):
+        return value
+    if config.until_aborted is None:
+        return await value
+    return await config.until_aborted(value)

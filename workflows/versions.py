@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-i"
+CURRENT = "agent-2026-12-j"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -34,8 +34,10 @@ _E = _D | {"closed-when-idle", "tool-argument-bytes", "stream-events-as-pi"}
 _F = _E | {"abort-over-stop"}
 _G = _F | {"tool-batch-in-parts"}
 _H = _G | {"drop-carried-publishers"}
+_I = _H | {"await-aborted-model-call"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-i": _I,
     "agent-2026-12-h": _H,
     "agent-2026-12-g": _G,
     "agent-2026-12-f": _F,

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+from temporalio import workflow
 
 from workflows.hooks import (
     AgentHooks,
@@ -20,7 +23,9 @@ class GuardedHooks(AgentHooks):
     """Blocks `explode`, rewrites echo results, stops after a `whoami` call,
     and fails on purpose where a test says so."""
 
-    def before_tool_call(self, context: ToolCallContext) -> BlockToolCall | RequireApproval | None:
+    def before_tool_call(self, context: ToolCallContext) -> Any:
+        if context.args.get("text") == "hang-before":
+            return _forever()
         if context.args.get("text") == "clear-the-transcript":
             context.messages.clear()
             context.messages.append("junk")  # type: ignore[arg-type]
@@ -42,6 +47,8 @@ class GuardedHooks(AgentHooks):
     async def after_tool_call(
         self, context: ToolCallContext, outcome: ToolOutcome
     ) -> ToolResultOverride | None:
+        if context.args.get("text") == "hang-after":
+            await _forever()
         if context.args.get("text") == "clear-the-transcript":
             context.messages.clear()
             outcome.content.append(object())  # type: ignore[arg-type]
@@ -55,9 +62,16 @@ class GuardedHooks(AgentHooks):
             raise ValueError("after hook failed")
         return None
 
-    def should_stop_after_turn(self, context: TurnContext) -> bool:
+    def should_stop_after_turn(self, context: TurnContext) -> Any:
+        if context.message.text == "hang-stop":
+            return _forever()
         if any(r.tool_name == "whoami" for r in context.tool_results):
             return True
         if context.message.text == "fail-stop":
             raise RuntimeError("stop hook failed")
         return False
+
+
+async def _forever() -> None:
+    """A hook's await that never ends (only an abort or close ends the run)."""
+    await workflow.wait_condition(lambda: False)

@@ -1,0 +1,26 @@
+"""Hooks of the worker that records tests/histories/ and of the replayer
+that replays them: they act only on a call whose ``text`` is
+``hook-waits`` (no other recorded scenario has one), and return None at
+once (not a coroutine) for every other call, so every other history
+records and replays as with the default hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import timedelta
+
+from temporalio import workflow
+
+from workflows.hooks import AgentHooks, ToolCallContext
+
+
+class RecordingHooks(AgentHooks):
+    def before_tool_call(self, context: ToolCallContext) -> Awaitable[None] | None:
+        if context.args.get("text") == "hook-waits":
+            return _wait()
+        return None
+
+
+async def _wait() -> None:
+    # A timer: a command, so the history shows whether an abort ended the wait.
+    await workflow.sleep(timedelta(seconds=2), summary="a hook waits")
