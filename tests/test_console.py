@@ -1110,13 +1110,9 @@ async def test_watch_of_a_running_conversation_no_worker_takes_says_what_it_wait
     handle = await stack.client.start_workflow(
         "AgentWorkflow", {"prompt": "hi"}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
     )
-    process = await spawn_starter(stack.dev_server, "watch", handle.id)
-    assert process.stderr is not None
     try:
-        line = await asyncio.wait_for(process.stderr.readline(), 30)
+        line = await _first_note_of_watch(stack, handle.id, 30)
     finally:
-        process.kill()
-        await process.wait()
         await handle.terminate("test")
     assert line.decode().startswith(
         f"note: {handle.id} waits for a worker on task queue 'no-worker-here': its next workflow task "
@@ -1148,17 +1144,22 @@ async def test_watch_of_an_ended_conversation_no_worker_can_replay_says_what_it_
         "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
     )
     await handle.terminate("test")
-    process = await spawn_starter(stack.dev_server, "watch", handle.id)
-    assert process.stderr is not None
-    try:
-        line = await asyncio.wait_for(process.stderr.readline(), 20)
-    finally:
-        process.kill()
-        await process.wait()
+    line = await _first_note_of_watch(stack, handle.id, 20)
     assert line.decode().startswith(
         "note: nothing read yet: the conversation has ended, and reading its events needs a worker on "
         "task queue 'no-worker-here' to replay it; waiting for one."
     ), line
+
+
+async def _first_note_of_watch(stack: Stack, conversation_id: str, timeout: float) -> bytes:
+    """The first line `watch` prints on stderr (it is stopped then)."""
+    process = await spawn_starter(stack.dev_server, "watch", conversation_id)
+    assert process.stderr is not None
+    try:
+        return await asyncio.wait_for(process.stderr.readline(), timeout)
+    finally:
+        process.kill()
+        await process.wait()
 
 
 async def test_a_lost_server_is_one_note_not_the_sdks_log_lines(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ worker, on its own task queue; a hook that raises never wedges one."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -255,6 +255,15 @@ async def test_the_context_transform_shapes_each_model_call_and_its_failure_ends
         assert len((await handle.result())["messages"]) == 8
 
 
+_WAITING: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
+    # Calls are prepared in turn: w2's preparation waits behind w1's hook.
+    "hang-before": lambda es: any(e["type"] == "tool_execution_start" for e in es),
+    "hang-after": lambda es: sum(e["type"] == "tool_execution_end" for e in es) == 1,
+    "hang-stop": lambda es: any(e["type"] == "turn_end" for e in es),
+}
+"""When each waiting hook has begun to wait, by the events so far."""
+
+
 @pytest.mark.parametrize("where", ["hang-before", "hang-after", "hang-stop"])
 async def test_an_abort_ends_a_run_whose_hook_never_returns(
     client: Client, model_server: ScriptedModelServer, hook_worker: None, where: str
@@ -271,27 +280,7 @@ async def test_an_abort_ends_a_run_whose_hook_never_returns(
         else {"tool_calls": [call("w1", "echo", text=where), call("w2", "calculator", expression="2+2")]}
     )
     model_server.script(model, [first, {"text": "never asked"}])
-    handle = await client.start_workflow(
-        "AgentWorkflow",
-        {"model": model, "prompt": "go"},
-        id=f"hooks-{uuid.uuid4().hex[:8]}",
-        task_queue=TASK_QUEUE,
-    )
-    log = EventLog(client, handle.id)
-    try:
-        if where == "hang-before":
-            await log.wait_for_type("tool_execution_start")  # calls are prepared in turn: w2's waits
-        elif where == "hang-after":
-            await log.wait_until(lambda es: sum(e["type"] == "tool_execution_end" for e in es) == 1)
-        else:
-            await log.wait_for_type("turn_end")
-        await handle.signal("abort")
-        await log.wait_for_type("agent_end", timeout=15)
-    finally:
-        log.close()
-    messages = await Conversation.attach(client, handle.id).messages()
-    await handle.signal("close")
-    await handle.result()
+    messages = await _aborted_once(client, model, _WAITING[where])
     results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
     assert messages[-1].role == "assistant" and messages[-1].stop_reason == "aborted"
     if where == "hang-before":
@@ -315,6 +304,19 @@ async def test_a_hook_that_does_not_wait_still_decides_after_an_abort(
     model_server.script(
         model, [{"tool_calls": [call("r1", "echo", text="slow", delay=30)]}, {"text": "never"}]
     )
+    messages = await _aborted_once(
+        client, model, lambda es: any(e["type"] == "tool_execution_start" for e in es)
+    )
+    result = next(m for m in messages if m.role == "toolResult")
+    assert result.content[0].text == "redacted" and result.details == {"redacted": True}
+    assert messages[-1].stop_reason == "aborted"
+
+
+async def _aborted_once(
+    client: Client, model: str, ready: Callable[[list[dict[str, Any]]], bool]
+) -> list[AgentMessage]:
+    """Prompt a conversation on the hooks worker, abort it once its events
+    satisfy ``ready``, and return its transcript when the run has ended."""
     handle = await client.start_workflow(
         "AgentWorkflow",
         {"model": model, "prompt": "go"},
@@ -323,7 +325,7 @@ async def test_a_hook_that_does_not_wait_still_decides_after_an_abort(
     )
     log = EventLog(client, handle.id)
     try:
-        await log.wait_for_type("tool_execution_start")
+        await log.wait_until(ready)
         await handle.signal("abort")
         await log.wait_for_type("agent_end", timeout=15)
     finally:
@@ -331,6 +333,4 @@ async def test_a_hook_that_does_not_wait_still_decides_after_an_abort(
     messages = await Conversation.attach(client, handle.id).messages()
     await handle.signal("close")
     await handle.result()
-    result = next(m for m in messages if m.role == "toolResult")
-    assert result.content[0].text == "redacted" and result.details == {"redacted": True}
-    assert messages[-1].stop_reason == "aborted"
+    return messages
