@@ -360,7 +360,7 @@ class Conversation:
         while True:
             quiet = time.monotonic() - reading.last_event
             if quiet < _WORKER_CHECKS[0]:
-                checks = 0
+                checks, said = 0, False  # it went on: a stall after this is told again
                 await asyncio.sleep(_WORKER_CHECKS[0] - quiet)
                 continue
             sentence = await self.waits_for_worker()
@@ -368,8 +368,9 @@ class Conversation:
             if sentence is None:
                 said = False
             elif not said and say is not None:
-                say(sentence)
                 said = True
+                with contextlib.suppress(Exception):  # a failing callback must not end the looks
+                    say(sentence)
             checks += 1
             reading.moved.clear()
             next_look = _WORKER_CHECKS[min(checks, len(_WORKER_CHECKS) - 1)]

@@ -648,7 +648,10 @@ def repair_json(text: str) -> str:
     """pi's ``repairJson``: inside string literals, raw control characters
     escaped and a backslash before a character JSON does not escape doubled
     (a Windows path or a regular expression written with single
-    backslashes, a line break typed into a string)."""
+    backslashes, a line break typed into a string). Unlike pi's, a ``u``
+    not followed by four hex digits counts as such a character (pi keeps
+    the escape, and the arguments then fail to parse), so ``C:\\users``
+    is read as written."""
     out: list[str] = []
     in_string = False
     index = 0

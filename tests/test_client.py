@@ -674,3 +674,40 @@ async def test_a_conversation_terminated_mid_run_reads_closed_and_its_prompt_say
     )
     state = await chat.state()
     assert (state.status, state.is_streaming) == ("closed", False)
+
+
+async def test_a_reader_is_told_of_each_stall_once_and_a_failing_callback_does_not_stop_the_looks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog of ``Conversation.events`` (``waits_for_worker`` stubbed,
+    its looks shortened): one note a stall, again for a stall after events
+    came back (a review found the second one was not told), and a callback
+    that raises does not end the looks."""
+    import client
+
+    monkeypatch.setattr(client, "_WORKER_CHECKS", (0.05, 0.05))
+    waiting = {"now": True}
+
+    async def waits_for_worker(self: Conversation, after: float = 5.0) -> str | None:
+        return "it waits" if waiting["now"] else None
+
+    notes: list[str] = []
+
+    def say(sentence: str) -> None:
+        notes.append(sentence)
+        raise RuntimeError("a callback of the caller's that fails")
+
+    monkeypatch.setattr(Conversation, "waits_for_worker", waits_for_worker)
+    monkeypatch.setattr(Conversation, "on_slow_update", say)
+    conversation = Conversation.__new__(Conversation)
+    reading = client._Reading()
+    looks = asyncio.create_task(conversation._note_while_no_worker(reading))
+    try:
+        await asyncio.sleep(0.5)
+        assert notes == ["it waits"]  # told once, though it still waits and the callback failed
+        reading.saw_event()  # events came: it went on
+        await asyncio.sleep(0.5)  # and stalled again
+        assert notes == ["it waits", "it waits"]
+        assert not looks.done()
+    finally:
+        looks.cancel()

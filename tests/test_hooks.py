@@ -162,6 +162,10 @@ async def test_a_hook_or_tool_calling_sys_exit_gives_an_error_result_and_the_wor
                 "tool_calls": [
                     call("x1", "sequential_echo", text="exit-before"),
                     call("x2", "exits", code=7),
+                    # Raised out of an async hook: once hooks ran in a task of their own
+                    # (abortable), SystemExit left the workflow's event loop (a review).
+                    call("x3", "sequential_echo", text="exit-before-async"),
+                    call("x4", "sequential_echo", text="cancel-before-async"),
                 ]
             },
             {"text": "still here"},
@@ -171,6 +175,8 @@ async def test_a_hook_or_tool_calling_sys_exit_gives_an_error_result_and_the_wor
     by_id = {m.tool_call_id: m for m in result.messages if m.role == "toolResult"}
     assert by_id["x1"].is_error and by_id["x1"].content[0].text == "SystemExit: 4"
     assert by_id["x2"].is_error and by_id["x2"].content[0].text == "SystemExit: 7"
+    assert by_id["x3"].is_error and by_id["x3"].content[0].text == "SystemExit: 5"
+    assert by_id["x4"].is_error and by_id["x4"].content[0].text == "async before hook cancelled"
     assert result.messages[-1].text == "still here"
     # The same worker answers the next conversation.
     model_server.script(model, [{"text": "next"}])

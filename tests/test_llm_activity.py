@@ -758,6 +758,8 @@ def test_arguments_with_raw_line_breaks_or_single_backslashes_are_repaired_as_pi
         {},
     )
     assert _call_with_arguments(r'{"a": "\u00e9\"\\"}') == ({"a": 'é"\\'}, {})
+    # A `u` without four hex digits after it is a backslash to keep, too (pi's would fail).
+    assert _call_with_arguments(r'{"path": "C:\users\me"}') == ({"path": r"C:\users\me"}, {})
     # Cut off mid-way: not completed (a call with half its arguments must not run).
     arguments, errors = _call_with_arguments('{"path": "notes.md", "content": "first li')
     assert arguments == {} and "Unterminated string" in errors["c1"]

@@ -445,14 +445,21 @@ class AgentWorkflow:
         if not self._versions.has(ABORTABLE_HOOKS_PATCH):
             return await hook
         session = self._session
-        task = asyncio.ensure_future(hook)
-        await asyncio.sleep(0)  # it runs to its first wait (no timer: a step of the workflow's loop)
+        task = asyncio.ensure_future(_outcome_of(hook))
+        try:
+            await asyncio.sleep(0)  # it runs to its first wait (no timer: a step of the workflow's loop)
+            if not task.done():
+                await workflow.wait_condition(lambda: task.done() or session.abort_requested)
+        except asyncio.CancelledError:  # the workflow is cancelled: the hook with it, as when awaited
+            task.cancel()
+            raise
         if not task.done():
-            await workflow.wait_condition(lambda: task.done() or session.abort_requested)
-        if task.done():
-            return task.result()
-        task.cancel()
-        raise HookAborted()
+            task.cancel()
+            raise HookAborted()
+        result, failure = task.result()
+        if failure is not None:
+            raise failure  # in the caller's task, which makes it the call's error (``is_user_failure``)
+        return result
 
     def _pause_between_parts(self) -> Awaitable[None] | None:
         """Ends this workflow task between parts of a long tool batch."""
@@ -1027,6 +1034,16 @@ class AgentWorkflow:
         )
         session.published.update(changed)
         self._counters_published_at = now
+
+
+async def _outcome_of(hook: Awaitable[Any]) -> tuple[Any, BaseException | None]:
+    """A hook's result, or what it raised, as a value: raised out of a task
+    of its own, a ``SystemExit`` or ``KeyboardInterrupt`` would leave the
+    workflow's event loop, and the activation would never complete."""
+    try:
+        return await hook, None
+    except BaseException as err:  # re-raised by the caller
+        return None, err
 
 
 __all__ = ["AgentWorkflow"]

@@ -26,6 +26,10 @@ class GuardedHooks(AgentHooks):
     def before_tool_call(self, context: ToolCallContext) -> Any:
         if context.args.get("text") == "hang-before":
             return _forever()
+        if context.args.get("text") == "exit-before-async":
+            return _raising(SystemExit(5))
+        if context.args.get("text") == "cancel-before-async":
+            return _raising(asyncio.CancelledError("async before hook cancelled"))
         if context.args.get("text") == "clear-the-transcript":
             context.messages.clear()
             context.messages.append("junk")  # type: ignore[arg-type]
@@ -75,3 +79,9 @@ class GuardedHooks(AgentHooks):
 async def _forever() -> None:
     """A hook's await that never ends (only an abort or close ends the run)."""
     await workflow.wait_condition(lambda: False)
+
+
+async def _raising(err: BaseException) -> None:
+    """An ``async`` hook that raises, after a first wait of its own."""
+    await asyncio.sleep(0)
+    raise err
