@@ -203,8 +203,9 @@ class Conversation:
     on_slow_update: ClassVar[Callable[[str], None] | None] = None
     """Told, in one sentence, when a request has waited ``UPDATE_NOTE_AFTER``
     seconds for a worker (none is running, or all are down): it is kept,
-    and applies when one takes it. Set on the class; the CLI prints it.
-    None says nothing."""
+    and applies when one takes it; and, while ``events`` are read, when the
+    conversation's next step waits for a worker (``waits_for_worker``).
+    Set on the class; the CLI prints it. None says nothing."""
 
     def __init__(self, client: Client, conversation_id: str) -> None:
         self.client = client
