@@ -161,6 +161,11 @@ async def start_conversation(
     )
 
 
+QUERY_WAIT = timedelta(seconds=30)
+"""How long ``state``, ``messages`` and the other queries wait for a worker
+to answer (the SDK's own default, said out loud): a query is answered by a
+worker, at once when one runs the conversation."""
+
 UPDATE_NOTE_AFTER = 5.0
 """Seconds an update (but ``wait_for_idle``) may wait to be answered
 before ``Conversation.on_slow_update`` hears of it: the workflow answers
@@ -378,20 +383,33 @@ class Conversation:
             with contextlib.suppress(TimeoutError):  # an event starts the looks over
                 await asyncio.wait_for(reading.moved.wait(), next_look)
 
-    async def _note_when_slow(self, name: str) -> None:
+    async def _note_when_slow(self, name: str, *, query: bool = False) -> None:
         """Tell ``on_slow_update`` once that ``name`` waits for a worker (a
-        killed worker's requests waited with no word, a durability audit)."""
+        killed worker's requests waited with no word, a durability audit;
+        so did a query: ``chat`` attached to such a conversation said
+        nothing for a minute, then "Timeout expired")."""
         await asyncio.sleep(UPDATE_NOTE_AFTER)
-        try:
-            task_queue = repr((await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).task_queue)
-        except Exception:
-            task_queue = "its task queue"
+        task_queue = await self._task_queue()
         say = Conversation.on_slow_update
-        if say is not None:
+        if say is None:
+            return
+        if query:
             say(
-                f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue}: is one running? "
-                "It is kept and applies when one takes it (stopping this wait does not withdraw it)."
+                f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue} to answer it: "
+                f"is one running? Waiting up to {QUERY_WAIT.total_seconds():g} s."
             )
+            return
+        say(
+            f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue}: is one running? "
+            "It is kept and applies when one takes it (stopping this wait does not withdraw it)."
+        )
+
+    async def _task_queue(self) -> str:
+        """The conversation's task queue, quoted, for a sentence."""
+        try:
+            return repr((await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).task_queue)
+        except Exception:
+            return "its task queue"
 
     # --- runs ---------------------------------------------------------------------------
 
@@ -586,10 +604,29 @@ class Conversation:
         conversation already (``RESOURCE_EXHAUSTED`` "consistent query
         buffer is full": a workflow task is in flight and other clients
         asked first; seen with several clients polling ``state``)."""
+        note = None
+        if Conversation.on_slow_update is not None:
+            note = asyncio.get_running_loop().create_task(self._note_when_slow(name, query=True))
+        try:
+            return await self._query_again(name, result_type)
+        except RPCError as err:
+            if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
+            # Nothing answered it in time: a query is answered by a worker.
+            raise Refused(
+                f"Conversation {self.id} did not answer `{name}` within {QUERY_WAIT.total_seconds():g} s: "
+                f"no worker on task queue {await self._task_queue()} answered (none runs there, or all "
+                "are busy). Start one, then ask again."
+            ) from err
+        finally:
+            if note is not None:
+                note.cancel()
+
+    async def _query_again(self, name: str, result_type: Any) -> Any:
         failures = 0
         while True:
             try:
-                return await self.handle.query(name, result_type=result_type)
+                return await self.handle.query(name, result_type=result_type, rpc_timeout=QUERY_WAIT)
             except RPCError as err:
                 failing = _task_failing(err)
                 if failing and failures >= _FAILING_TASK_RETRIES:

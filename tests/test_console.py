@@ -1123,6 +1123,39 @@ async def test_watch_of_a_running_conversation_no_worker_takes_says_what_it_wait
     ), line
 
 
+async def test_a_query_no_worker_answers_is_noted_then_refused_with_a_sentence(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chat` attached to a conversation with no worker said nothing for a
+    minute, then "error: Timeout expired" (state, then messages, each the
+    SDK's 30 s): the CLI notes the wait after 5 s, and the refusal says
+    what answers a query."""
+    import client
+
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    )
+    process = await spawn_starter(stack.dev_server, "state", handle.id)
+    assert process.stderr is not None
+    try:
+        line = await asyncio.wait_for(process.stderr.readline(), 20)
+    finally:
+        process.kill()
+        await process.wait()
+    assert line.decode() == (
+        "note: state has waited 5 s for a worker on 'no-worker-here' to answer it: is one running? "
+        "Waiting up to 30 s.\n"
+    )
+    monkeypatch.setattr(client, "QUERY_WAIT", timedelta(seconds=2))
+    with pytest.raises(client.Refused) as refused:
+        await Conversation.attach(stack.client, handle.id).messages()
+    await handle.terminate("test")
+    assert str(refused.value) == (
+        f"Conversation {handle.id} did not answer `messages` within 2 s: no worker on task queue "
+        "'no-worker-here' answered (none runs there, or all are busy). Start one, then ask again."
+    )
+
+
 async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -> None:
     """It said "see the workflow in the Temporal UI", which shows only
     "Encoded failure" when the workers encrypt (a design audit): the reason
