@@ -162,9 +162,11 @@ async def start_conversation(
 
 
 QUERY_WAIT = timedelta(seconds=30)
-"""How long ``state``, ``messages`` and the other queries wait for a worker
-to answer (the SDK's own default, said out loud): a query is answered by a
-worker, at once when one runs the conversation."""
+"""How long one try of ``state``, ``messages`` or another query waits for a
+worker to answer (the SDK's own default, said out loud): a query is
+answered by a worker, at once when one runs the conversation. A query the
+server refuses while another waits for the same conversation is tried
+again (``_query_again``), each try as long."""
 
 UPDATE_NOTE_AFTER = 5.0
 """Seconds an update (but ``wait_for_idle``) may wait to be answered
@@ -394,15 +396,17 @@ class Conversation:
         if say is None:
             return
         if query:
-            say(
+            sentence = (
                 f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue} to answer it: "
-                f"is one running? Waiting up to {QUERY_WAIT.total_seconds():g} s."
+                "is one running?"
             )
-            return
-        say(
-            f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue}: is one running? "
-            "It is kept and applies when one takes it (stopping this wait does not withdraw it)."
-        )
+        else:
+            sentence = (
+                f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue}: is one running? "
+                "It is kept and applies when one takes it (stopping this wait does not withdraw it)."
+            )
+        with contextlib.suppress(Exception):  # a failing callback is the caller's, not the request's
+            say(sentence)
 
     async def _task_queue(self) -> str:
         """The conversation's task queue, quoted, for a sentence."""
@@ -613,10 +617,12 @@ class Conversation:
             if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 raise
             # Nothing answered it in time: a query is answered by a worker.
+            task_queue = await self._task_queue()
+            where = f"task queue {task_queue}" if task_queue.startswith("'") else task_queue
             raise Refused(
                 f"Conversation {self.id} did not answer `{name}` within {QUERY_WAIT.total_seconds():g} s: "
-                f"no worker on task queue {await self._task_queue()} answered (none runs there, or all "
-                "are busy). Start one, then ask again."
+                f"no worker on {where} answered (none runs there, or all are busy). Start one, then "
+                "ask again."
             ) from err
         finally:
             if note is not None:

@@ -1126,10 +1126,10 @@ async def test_watch_of_a_running_conversation_no_worker_takes_says_what_it_wait
 async def test_a_query_no_worker_answers_is_noted_then_refused_with_a_sentence(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`chat` attached to a conversation with no worker said nothing for a
-    minute, then "error: Timeout expired" (state, then messages, each the
-    SDK's 30 s): the CLI notes the wait after 5 s, and the refusal says
-    what answers a query."""
+    """`chat` attached to a conversation with no worker (or `state`, or
+    `messages`) said nothing for 30 s (the SDK's deadline), then "error:
+    Timeout expired": the CLI notes the wait after 5 s, and the refusal
+    says what answers a query."""
     import client
 
     handle = await stack.client.start_workflow(
@@ -1143,17 +1143,25 @@ async def test_a_query_no_worker_answers_is_noted_then_refused_with_a_sentence(
         process.kill()
         await process.wait()
     assert line.decode() == (
-        "note: state has waited 5 s for a worker on 'no-worker-here' to answer it: is one running? "
-        "Waiting up to 30 s.\n"
+        "note: state has waited 5 s for a worker on 'no-worker-here' to answer it: is one running?\n"
     )
     monkeypatch.setattr(client, "QUERY_WAIT", timedelta(seconds=2))
+    conversation = Conversation.attach(stack.client, handle.id)
     with pytest.raises(client.Refused) as refused:
-        await Conversation.attach(stack.client, handle.id).messages()
-    await handle.terminate("test")
+        await conversation.messages()
     assert str(refused.value) == (
         f"Conversation {handle.id} did not answer `messages` within 2 s: no worker on task queue "
         "'no-worker-here' answered (none runs there, or all are busy). Start one, then ask again."
     )
+
+    async def unknown(self: Conversation) -> str:
+        return "its task queue"  # the server did not say (a review read "task queue its task queue")
+
+    monkeypatch.setattr(Conversation, "_task_queue", unknown)
+    with pytest.raises(client.Refused) as refused:
+        await conversation.state()
+    await handle.terminate("test")
+    assert "did not answer `state` within 2 s: no worker on its task queue answered" in str(refused.value)
 
 
 async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -> None:
