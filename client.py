@@ -180,9 +180,10 @@ tool call) may wait to be taken before a reader of its events is told
 (``Conversation.waits_for_worker``): a live worker takes one at once."""
 
 _WORKER_CHECKS = (5.0, 10.0, 20.0, 40.0, 60.0)
-"""Seconds without an event before each look at whether the conversation
-waits for a worker (``events``); the last repeats. A quiet conversation
-is looked at less and less often: one describe call a minute at most."""
+"""When ``events`` looks whether the conversation waits for a worker: the
+first look after this many seconds without an event, then the seconds
+between looks (the last repeats), so at 5, 15, 35, 75 s, then every
+minute. A quiet conversation costs one describe call a minute at most."""
 
 _STEPS = {"stream_assistant_response": "its model call", "execute_tool": "a tool call"}
 
@@ -389,9 +390,10 @@ class Conversation:
         """Tell ``on_slow_update`` once that ``name`` waits for a worker (a
         killed worker's requests waited with no word, a durability audit;
         so did a query: ``chat`` attached to such a conversation said
-        nothing for a minute, then "Timeout expired")."""
+        nothing for 30 s, then "Timeout expired")."""
         await asyncio.sleep(UPDATE_NOTE_AFTER)
-        task_queue = await self._task_queue()
+        name_of_queue = await self._task_queue_name()
+        task_queue = repr(name_of_queue) if name_of_queue is not None else "its task queue"
         say = Conversation.on_slow_update
         if say is None:
             return
@@ -408,12 +410,12 @@ class Conversation:
         with contextlib.suppress(Exception):  # a failing callback is the caller's, not the request's
             say(sentence)
 
-    async def _task_queue(self) -> str:
-        """The conversation's task queue, quoted, for a sentence."""
+    async def _task_queue_name(self) -> str | None:
+        """The conversation's task queue; None when the server does not say."""
         try:
-            return repr((await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).task_queue)
+            return (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).task_queue
         except Exception:
-            return "its task queue"
+            return None
 
     # --- runs ---------------------------------------------------------------------------
 
@@ -617,8 +619,8 @@ class Conversation:
             if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 raise
             # Nothing answered it in time: a query is answered by a worker.
-            task_queue = await self._task_queue()
-            where = f"task queue {task_queue}" if task_queue.startswith("'") else task_queue
+            task_queue = await self._task_queue_name()
+            where = f"task queue {task_queue!r}" if task_queue is not None else "its task queue"
             raise Refused(
                 f"Conversation {self.id} did not answer `{name}` within {QUERY_WAIT.total_seconds():g} s: "
                 f"no worker on {where} answered (none runs there, or all are busy). Start one, then "

@@ -625,7 +625,7 @@ class StreamAssembler:
         return message, errors, events
 
 
-_VALID_ESCAPES = frozenset('"\\/bfnrtu')
+_VALID_ESCAPES = frozenset('"\\/bfnrt')  # and `u` with four hex digits (``repair_json``)
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 
 
@@ -669,7 +669,7 @@ def repair_json(text: str) -> str:
             if following == "u" and _HEX4.fullmatch(text, index + 1, index + 5):
                 out.append(text[index - 1 : index + 5])
                 index += 5
-            elif following and following in _VALID_ESCAPES and following != "u":
+            elif following in _VALID_ESCAPES:
                 out.append(char + following)
                 index += 1
             else:
@@ -698,7 +698,7 @@ def usage_from_openai(model: str, usage: dict[str, Any] | None) -> Usage:
     written = min(prompt, _tokens(details.get("cache_write_tokens")))
     # As pi reads them: some servers (OpenRouter) count this request's
     # writes among the cached tokens too; those are writes, not reads.
-    cached = min(prompt - written, max(0, _tokens(reported) - written) if written else _tokens(reported))
+    cached = min(prompt - written, max(0, _tokens(reported) - written))
     price_in, price_out, price_cached = _price(model)
     cost = Cost(
         input=(prompt - cached - written) * price_in / 1e6,

@@ -1154,10 +1154,10 @@ async def test_a_query_no_worker_answers_is_noted_then_refused_with_a_sentence(
         "'no-worker-here' answered (none runs there, or all are busy). Start one, then ask again."
     )
 
-    async def unknown(self: Conversation) -> str:
-        return "its task queue"  # the server did not say (a review read "task queue its task queue")
+    async def unknown(self: Conversation) -> None:
+        return None  # the server did not say (a review read "task queue its task queue")
 
-    monkeypatch.setattr(Conversation, "_task_queue", unknown)
+    monkeypatch.setattr(Conversation, "_task_queue_name", unknown)
     with pytest.raises(client.Refused) as refused:
         await conversation.state()
     await handle.terminate("test")
