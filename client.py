@@ -10,11 +10,13 @@
     await chat.steer("Also show your work.")            # while a run is active
     other = await chat.fork(at=1)                        # try another answer from message 1
 
-Every method maps onto the workflow's public contract (SPEC §7-9); the
-starter, the console, the demo and the benchmark reach conversations only
-through this module. A request the conversation refuses raises ``Refused``
-(its message is one sentence that says what to do); a conversation that
-does not exist, or has ended, raises ``ConversationNotFound``.
+Every method maps onto the workflow's public contract (README, "The
+contract"); the starter, the console, the demo and the benchmark reach
+conversations only through this module. A request the conversation
+refuses raises ``Refused`` (its message is one sentence that says what to
+do); a request to a conversation that does not exist, or has ended,
+raises ``ConversationNotFound`` (``state``, ``messages``, ``events`` and
+``fork`` still read an ended one while a worker runs on its task queue).
 """
 
 from __future__ import annotations
@@ -133,10 +135,22 @@ def _readable(message: str) -> str:
     )
 
 
-class StoppedWaiting(Exception):
+class StoppedWaiting(asyncio.CancelledError):
     """A request was sent and its answer not waited for (Ctrl-C, a
-    cancelled task): the conversation keeps it, and applies it when a
-    worker takes it. Sending it again applies it twice."""
+    cancelled task, ``asyncio.wait_for`` or ``asyncio.timeout`` running
+    out): the conversation keeps it, and applies it when a worker takes it.
+    Sending it again applies it twice. It is the caller's cancellation
+    (an ``asyncio.CancelledError``), so ``asyncio.wait_for`` raises
+    ``TimeoutError`` and a cancelled task ends cancelled, as with any
+    awaitable; ``except StoppedWaiting`` still catches it."""
+
+
+def _cancelled(err: BaseException) -> asyncio.CancelledError | None:
+    """The caller's own cancellation inside the SDK's
+    ``WorkflowUpdateRPCTimeoutOrCancelledError`` (raised in its place when
+    the task waiting for an update is cancelled); None for a timeout."""
+    cause = err.__cause__
+    return cause if isinstance(cause, asyncio.CancelledError) else None
 
 
 class ConversationExists(Refused):
@@ -238,8 +252,10 @@ class Conversation:
         """Start a conversation on ``settings.task_queue``; ``options`` are
         start settings in snake_case (``model``, ``system_prompt``,
         ``thinking_level``, ``tools``, ``close_when_idle``, ...), as the start
-        input takes them. Raises ``ConversationExists`` when a conversation
-        has that id already."""
+        input takes them. Raises ``ConversationExists`` while a conversation
+        with that id runs; the id of an ended one is taken again: a new,
+        empty conversation starts under it (the ended one stays readable by
+        its run id until the namespace's retention removes it)."""
         return await cls._start(client, settings.task_queue, id, prompt, messages, options)
 
     @classmethod
@@ -289,17 +305,23 @@ class Conversation:
         update limit, an unreachable server after the SDK's own retries) is
         the caller's at once, as is a task that keeps failing after
         ``MAX_RETRIES`` tries."""
-        if name == "wait_for_idle":
-            return await self._execute_update(name, args, result_type)
+        if name == "wait_for_idle":  # a wait alone: its cancellation withdraws nothing
+            try:
+                return await self._execute_update(name, args, result_type)
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                if (cancelled := _cancelled(err)) is not None:
+                    raise cancelled from None
+                raise Refused(f"Conversation {self.id} did not answer {name}: ask again.") from None
         note = None
         if Conversation.on_slow_update is not None:
             note = asyncio.get_running_loop().create_task(self._note_when_slow(name))
         try:
             return await self._execute_update(name, args, result_type)
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
-            raise StoppedWaiting(
-                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it."
-            ) from None
+        except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+            kept = "what was sent is kept, and applies when a worker takes it."
+            if _cancelled(err) is not None:
+                raise StoppedWaiting(f"Stopped waiting for {name}: {kept}") from None
+            raise Refused(f"The server gave {name} no answer in time: {kept}") from None
         finally:
             if note is not None:
                 note.cancel()
@@ -1171,8 +1193,10 @@ class _EventReader:
             )
             self._sent_update(update.workflow_run_id)
             end: int | None = await update.result()
-        except asyncio.CancelledError:
-            raise
+        except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+            if (cancelled := _cancelled(err)) is not None:
+                raise cancelled from None
+            return None
         except Exception:  # refused, or the run gone: the cooldowns alone, as before
             return None
         if end is None:
@@ -1222,8 +1246,8 @@ class _EventReader:
                     await asyncio.sleep(self._cooldown_ms / 1000)
                     self._by_query = True
                     return None
-            if isinstance(err.__cause__, asyncio.CancelledError):
-                raise err.__cause__ from None
+            if (cancelled := _cancelled(err)) is not None:
+                raise cancelled from None
             try:
                 polled = self._client.get_workflow_handle(self._handle.id, run_id=polled_run_id)
                 described = await polled.describe()

@@ -433,6 +433,9 @@ async def run_command(args: argparse.Namespace) -> int:
     Conversation.on_slow_update = _note
     try:
         return await COMMANDS[args.command](client, settings, args)
+    except StoppedWaiting as stopped:  # Ctrl-C while a request waited for a worker
+        print(f"note: {stopped}", file=sys.stderr)
+        return 130
     except Refused as err:
         raise UserError(str(err)) from None
     except WorkflowFailureError as err:
@@ -495,10 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
-    except StoppedWaiting as stopped:  # Ctrl-C while a request waited for a worker
-        print(f"note: {stopped}", file=sys.stderr)
-        code = 130
-    except WorkflowUpdateRPCTimeoutOrCancelledError:  # Ctrl-C while reading (`wait`, `prompt --wait`)
+    except WorkflowUpdateRPCTimeoutOrCancelledError:  # Ctrl-C in an SDK call the client does not wrap
         code = 130
     except BrokenPipeError:  # the reader went away (`watch ID --json | head`)
         code = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from client import Conversation, ConversationNotFound, Refused
+from client import Conversation, ConversationNotFound, Refused, StoppedWaiting
 from tests.support.stack import EventLog, Stack
 from tests.support.tools import guarded_call
 from workflows.models import AgentMessage, AssistantMessage, ToolResultMessage, UserMessage
@@ -426,6 +427,52 @@ async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
         ConversationNotFound, match=rf"^Conversation {terminated.id} was terminated: start a new"
     ):
         await terminated.prompt("hello?")
+
+
+async def test_a_cancelled_wait_for_idle_is_the_callers_cancellation(stack: Stack) -> None:
+    """A race audit: `asyncio.wait_for(wait_for_idle(), 2)` raised the SDK's
+    WorkflowUpdateRPCTimeoutOrCancelledError instead of TimeoutError, and a
+    cancelled task did not end cancelled (task groups and timeouts broke)."""
+    stack.script({"tool_calls": [guarded_call("call_a", "later")]}, {"text": "done"})
+    chat = await stack.conversation()
+    log = EventLog(stack.client, chat.id)
+    await chat.prompt("go", wait=False)
+    await log.wait_for_type("tool_approval_request")
+    log.close()
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(chat.wait_for_idle(), 0.5)
+    task = asyncio.get_running_loop().create_task(chat.wait_for_idle())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
+    await chat.approve("call_a")  # the conversation goes on as before
+    assert (await chat.wait_for_idle()).stop_reason == "stop"
+
+
+async def test_a_cancelled_request_is_stopped_waiting_and_kept(stack: Stack) -> None:
+    """A request whose wait is cancelled raises ``StoppedWaiting`` (what was
+    sent is kept), and it is the caller's cancellation: `asyncio.wait_for`
+    raises TimeoutError and a cancelled task ends cancelled."""
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    )
+    chat = Conversation.attach(stack.client, handle.id)
+    try:
+        with pytest.raises(TimeoutError) as timed_out:
+            await asyncio.wait_for(chat.configure(system_prompt="terse"), 0.5)
+        assert isinstance(timed_out.value.__cause__, StoppedWaiting)
+        task = asyncio.get_running_loop().create_task(chat.prompt("second", wait=False))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(StoppedWaiting, match=r"^Stopped waiting for prompt: what was sent is kept"):
+            await task
+        assert task.cancelled()
+    finally:
+        await handle.terminate("test")
 
 
 async def test_an_update_aborted_by_a_failed_workflow_task_is_made_again(
