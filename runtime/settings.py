@@ -151,7 +151,10 @@ class Settings:
             payload_walk=_switch(env, "AGENT_PAYLOAD_WALK", True),
             direct_model_post=_switch(env, "AGENT_DIRECT_MODEL_POST", True),
             sdk_fallbacks=_switch(env, "AGENT_SDK_FALLBACKS", False),
-            max_concurrent_activities=int(_number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True)),
+            # 0 would start a worker that never runs a model call: every conversation waits.
+            max_concurrent_activities=int(
+                _number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True, positive=True)
+            ),
             core_threads=(
                 int(_number(env, "AGENT_CORE_THREADS", 1, whole=True, positive=True, maximum=256))
                 if text("AGENT_CORE_THREADS")

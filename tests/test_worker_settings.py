@@ -38,6 +38,8 @@ from tests.support.s3 import denying_s3
         # Found by a design audit: each left the switch as it was, silently.
         ("AGENT_PAYLOAD_WALK", "banana", "AGENT_PAYLOAD_WALK must be on or off, got 'banana'."),
         ("AGENT_SDK_FALLBACKS", "enabled", "AGENT_SDK_FALLBACKS must be on or off, got 'enabled'."),
+        # Found by a README audit: taken, and the worker said ready but never ran an activity.
+        ("AGENT_MAX_CONCURRENT_ACTIVITIES", "0", "AGENT_MAX_CONCURRENT_ACTIVITIES must be above 0, got '0'."),
     ],
 )
 def test_a_setting_no_worker_can_use_is_refused_naming_it(name: str, value: str, message: str) -> None:
