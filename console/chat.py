@@ -63,7 +63,7 @@ Type a message to start a run; while a run is active it steers it
   /quit                  leave; the conversation stays alive (or Ctrl-D)"""
 
 _PROMPT = FormattedText([("bold", "› ")])
-_CONVERSATION_ENDED = "The conversation has ended."
+_CONVERSATION_ENDED = "The conversation has ended."  # the stream's end, told as it ended
 _BUSY = ("running", "awaiting-approval")
 _QUEUES = {"steering": "steering", "followup": "followUp", "follow-up": "followUp", "all": "all"}
 _YES = re.compile(r"(?i)y|yes")
@@ -146,9 +146,15 @@ class ChatSession:
                 ended = await self._run_tasks(state.event_offset if state else 0)
                 self._writer.end_line()
         finally:
-            if ended is not None:
-                print(ended)
-            if ended != _CONVERSATION_ENDED:
+            if ended == _CONVERSATION_ENDED:
+                # How (closed, failed and why, terminated), as `watch` says it,
+                # and how to go on: attaching again shows the same end.
+                print(await self._conversation.how_it_ended())
+                print("Go on from its first N messages in a new conversation with:")
+                print(f"  python starter.py fork {conversation_id} --at N")
+            else:
+                if ended is not None:
+                    print(ended)
                 print("Left the chat; the conversation goes on. Re-attach with:")
                 print(f"  python starter.py chat --id {conversation_id}")
 

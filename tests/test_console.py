@@ -552,6 +552,21 @@ async def test_chat_with_a_new_id_starts_that_conversation(stack: Stack) -> None
     assert (state.model, state.message_count) == (stack.model, 2)
 
 
+async def test_a_chat_whose_conversation_ends_says_how_and_how_to_go_on(stack: Stack) -> None:
+    """A chat said only "The conversation has ended." when another client
+    closed or terminated its conversation (a console look): it says how it
+    ended, as `watch` does, and how to go on, not how to re-attach."""
+    child, workflow_id = await start_chat(stack)
+    await stack.client.get_workflow_handle(workflow_id).terminate("by the operator")
+
+    await expect(child, "The conversation was terminated.")
+    await expect(child, f"python starter.py fork {workflow_id} --at N")
+    await child.expect(pexpect.EOF, async_=True)
+    child.close()
+    assert child.exitstatus == 0
+    assert "Re-attach" not in child.before
+
+
 def user_texts(messages: list[AgentMessage]) -> list[str]:
     return [m.content for m in messages if isinstance(m, UserMessage) and isinstance(m.content, str)]
 
