@@ -18,11 +18,13 @@ from activities.llm import LlmActivities, _classify
 from activities.openai_chat import (
     MAX_TOOL_CALLS_PER_ANSWER,
     StreamAssembler,
+    completion_as_chunk,
     to_openai_messages,
     usage_from_openai,
 )
 from testbed.scripted_model.server import tool_message_problem
 from tests.support.tools import PIXEL_PNG
+from workflows.arguments import MAX_NESTING
 from workflows.contract import LlmRequest
 from workflows.models import (
     AssistantMessage,
@@ -818,3 +820,255 @@ def test_a_tool_result_of_only_images_says_they_follow() -> None:
     sent = to_openai_messages(None, [UserMessage(content="go", timestamp=0), _turn("a"), result])
     assert sent[2] == {"role": "tool", "tool_call_id": "a", "content": "(see attached image)"}
     assert sent[3]["role"] == "user" and sent[3]["content"][1]["type"] == "image_url"
+
+
+# --- found untested by a mutation audit of the model call (twenty-second session) ---
+
+
+def _turn_of(*calls: ToolCall) -> AssistantMessage:
+    return AssistantMessage.model_validate({"content": list(calls), "stopReason": "toolUse", "timestamp": 0})
+
+
+GO = UserMessage(content="go", timestamp=0)
+
+
+# --- finish reasons -------------------------------------------------------
+
+
+def test_the_legacy_function_call_finish_reason_runs_the_call() -> None:
+    """Mutant: `"function_call": "toolUse",` dropped from _FINISH_REASONS.
+    A server on the legacy functions API ends with ``function_call``: its
+    call must run, not end the run as an error."""
+    assembler = StreamAssembler("m")
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "echo", "arguments": "{}"}}
+    assembler.feed(_chunk({"tool_calls": [call]}))
+    assembler.feed(_chunk({}, "function_call"))
+    message, errors, _ = assembler.finish()
+    assert message.stop_reason == "toolUse" and message.error_message is None
+    assert [c.id for c in message.tool_calls] == ["c1"] and errors == {}
+
+
+def test_the_last_finish_reason_sent_is_the_one_taken() -> None:
+    """Mutant: only the first finish_reason kept. A stream that sends a
+    finish reason and then another ends as the last one says."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_chunk({"content": "a long answer"}, "stop"))
+    assembler.feed(_chunk({}, "length"))
+    message, _, _ = assembler.finish()
+    assert message.stop_reason == "length"
+
+
+# --- tool-call arguments --------------------------------------------------
+
+
+def test_blank_arguments_are_no_arguments() -> None:
+    """Mutant: ``if raw.strip()`` -> ``if raw``. A server that streams
+    whitespace (or a newline) as the arguments of a call with no
+    parameters: the call runs with ``{}``, it is no error result."""
+    assert _call_with_arguments("  \n") == ({}, {})
+
+
+def test_arguments_that_are_json_but_no_object_are_an_error() -> None:
+    """Mutant: the ``isinstance(parsed, dict)`` check dropped. A tool
+    receives keyword arguments: a list, a string or a number is an error the
+    model sees, never arguments."""
+    for raw in ("[1, 2]", '"text"', "3"):
+        arguments, errors = _call_with_arguments(raw)
+        assert arguments == {}
+        assert "expected a JSON object" in errors["c1"]
+
+
+def test_arguments_nested_to_the_limit_are_taken_one_deeper_refused() -> None:
+    """Mutant: ``nesting_depth(parsed) > MAX_NESTING`` -> ``>=``."""
+    at_limit = json.dumps(_nested(MAX_NESTING))
+    arguments, errors = _call_with_arguments(at_limit)
+    assert errors == {} and arguments == _nested(MAX_NESTING)
+    arguments, errors = _call_with_arguments(json.dumps(_nested(MAX_NESTING + 1)))
+    assert arguments == {} and f"nested deeper than {MAX_NESTING} levels" in errors["c1"]
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_an_argument_error_quotes_at_most_500_characters_of_what_was_received() -> None:
+    """Mutant: ``raw[:500]`` -> ``raw``. The error goes to the model and
+    into the history: megabytes of broken arguments must not go with it."""
+    raw = '{"text": "' + "x" * 100_000  # cut off: not JSON
+    _, errors = _call_with_arguments(raw)
+    assert errors["c1"].endswith(f"(received: {raw[:500]})")
+    assert len(errors["c1"]) < 700
+
+
+def test_an_escaped_slash_survives_the_repair() -> None:
+    """Mutant: ``/`` dropped from _VALID_ESCAPES. Arguments that need
+    repair (a raw line break) and hold ``\\/`` (JSON-escaped URLs, as many
+    models write them) keep ``/``, not a backslash before it."""
+    arguments, errors = _call_with_arguments('{"cmd": "curl a\nb", "url": "https:\\/\\/example.com\\/x"}')
+    assert errors == {}
+    assert arguments == {"cmd": "curl a\nb", "url": "https://example.com/x"}
+
+
+# --- what is sent to the model -------------------------------------------
+
+
+def test_a_tool_results_text_parts_are_sent_one_per_line() -> None:
+    """Mutant: ``"\\n".join`` -> ``"".join`` in _tool_parts."""
+    result = ToolResultMessage(
+        tool_call_id="a",
+        tool_name="echo",
+        content=[TextContent(text="first line"), TextContent(text="second line")],
+    )
+    sent = to_openai_messages(None, [GO, _turn_of(ToolCall(id="a", name="echo")), result])
+    assert sent[2] == {"role": "tool", "tool_call_id": "a", "content": "first line\nsecond line"}
+
+
+def test_a_call_id_of_exactly_40_characters_is_sent_as_it_is() -> None:
+    """Mutant: ``len(call_id) <= MAX_CALL_ID`` -> ``<``. OpenAI takes 40
+    characters: such an id is sent unchanged (and pairs with its result)."""
+    call_id = "call_" + "x" * 35
+    assert len(call_id) == 40
+    result = ToolResultMessage(tool_call_id=call_id, tool_name="echo", content=[TextContent(text="ok")])
+    sent = to_openai_messages(None, [GO, _turn_of(ToolCall(id=call_id, name="echo")), result])
+    assert sent[1]["tool_calls"][0]["id"] == call_id and sent[2]["tool_call_id"] == call_id
+
+
+def test_a_made_up_tool_name_is_cut_to_64_characters() -> None:
+    """Mutant: ``[:64]`` -> ``[:65]``. OpenAI refuses a function name over
+    64 characters (400) on this and every later call with it in the context."""
+    result = ToolResultMessage(tool_call_id="a", tool_name="x", content=[TextContent(text="not found")])
+    sent = to_openai_messages(None, [GO, _turn_of(ToolCall(id="a", name="n" * 100)), result])
+    assert sent[1]["tool_calls"][0]["function"]["name"] == "n" * 64
+
+
+def test_reasoning_in_two_blocks_goes_back_one_block_per_line() -> None:
+    """Mutant: the reasoning blocks joined with ``""`` instead of ``"\\n"``."""
+    message = AssistantMessage(
+        content=[
+            ThinkingContent(thinking="first thought", thinking_signature="reasoning_content"),
+            TextContent(text="so"),
+            ThinkingContent(thinking="second thought", thinking_signature="reasoning_content"),
+        ],
+        stop_reason="stop",
+        timestamp=0,
+    )
+    sent = to_openai_messages(None, [GO, message])[1]
+    assert sent["reasoning_content"] == "first thought\nsecond thought"
+
+
+# --- a whole (not streamed) answer ---------------------------------------
+
+
+def test_a_whole_answers_calls_without_index_or_id_stay_apart() -> None:
+    """Mutant: ``call.get("index", n)`` -> ``call.get("index", 0)`` in
+    completion_as_chunk. A non-streaming server that numbers nothing: two
+    calls of one function are two calls, not one with ``{..}{..}``."""
+    completion = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "echo", "arguments": '{"text": "a"}'}},
+                        {"type": "function", "function": {"name": "echo", "arguments": '{"text": "b"}'}},
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    assembler = StreamAssembler("m")
+    assembler.feed(completion_as_chunk(completion))
+    message, errors, _ = assembler.finish()
+    assert [c.arguments for c in message.tool_calls] == [{"text": "a"}, {"text": "b"}]
+    assert errors == {}
+
+
+# --- usage and cost -------------------------------------------------------
+
+
+def test_an_empty_usage_after_the_real_one_does_not_erase_it() -> None:
+    """Mutant: ``and chunk["usage"]`` dropped. A server that sends
+    ``"usage": {}`` on a chunk after the one with the counts."""
+    assembler = StreamAssembler("m")
+    usage_chunk = _chunk({"content": "hi"}, "stop")
+    usage_chunk["usage"] = {"prompt_tokens": 7, "completion_tokens": 2}
+    assembler.feed(usage_chunk)
+    assembler.feed({"choices": [], "usage": {}})
+    message, _, _ = assembler.finish()
+    assert (message.usage.input, message.usage.output) == (7, 2)
+
+
+def test_cache_writes_cost_as_input_and_never_exceed_the_prompt() -> None:
+    """Mutants: ``cache_write=written * price_in / 1e6`` -> ``0.0``, and
+    ``written = min(prompt, ...)`` -> uncapped."""
+    usage = usage_from_openai(
+        "gpt-4o",
+        {
+            "prompt_tokens": 1_000_000,
+            "completion_tokens": 0,
+            "prompt_tokens_details": {"cache_write_tokens": 400_000},
+        },
+    )
+    assert usage.cache_write == 400_000 and usage.input == 600_000
+    assert usage.cost.cache_write == pytest.approx(0.4 * 2.50)
+    assert usage.cost.total == pytest.approx(2.50)
+    odd = usage_from_openai(
+        "m",
+        {"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cache_write_tokens": 50}},
+    )
+    assert (odd.input, odd.cache_read, odd.cache_write, odd.total_tokens) == (0, 0, 10, 11)
+
+
+@pytest.mark.parametrize(
+    ("model", "per_million_in"),
+    [
+        ("gpt-4o-mini", 0.15),  # not gpt-4o's price
+        ("gpt-4.1-nano", 0.10),  # not gpt-4.1's
+        ("gpt-5-mini", 0.25),  # not gpt-5's
+        ("openai/gpt-4o-mini", 0.15),  # a router's provider prefix
+        ("o3", 2.00),
+        ("unknown-model", 0.0),
+    ],
+)
+def test_a_model_is_priced_by_its_longest_known_name(model: str, per_million_in: float) -> None:
+    """Mutants: the prefixes tried shortest first (gpt-4o-mini priced as
+    gpt-4o), and the ``provider/`` prefix not stripped (OpenRouter's
+    ``openai/gpt-4o-mini`` costing nothing)."""
+    usage = usage_from_openai(model, {"prompt_tokens": 1_000_000, "completion_tokens": 0})
+    assert usage.cost.input == pytest.approx(per_million_in)
+
+
+# --- more of what is sent -------------------------------------------------
+
+
+def test_an_aborted_turn_is_left_out_with_its_results() -> None:
+    """Mutant: only ``error`` turns left out, not ``aborted`` ones: their
+    partial text (and calls cut off mid-way) would be sent back as the
+    model's own words."""
+    aborted = AssistantMessage.model_validate(
+        {
+            "content": [TextContent(text="I will delete"), ToolCall(id="a", name="bash")],
+            "stopReason": "aborted",
+            "timestamp": 0,
+        }
+    )
+    result = ToolResultMessage(tool_call_id="a", tool_name="bash", content=[TextContent(text="aborted")])
+    assert to_openai_messages(None, [GO, aborted, result, UserMessage(content="next", timestamp=0)]) == [
+        {"role": "user", "content": "go"},
+        {"role": "user", "content": "next"},
+    ]
+
+
+def test_a_calls_arguments_go_back_as_json() -> None:
+    """Mutant: ``json.dumps(call.arguments)`` -> ``str(...)`` (a Python
+    repr, which OpenAI refuses and other servers misread)."""
+    call = ToolCall(id="a", name="echo", arguments={"text": "it's", "n": 1, "ok": True, "none": None})
+    result = ToolResultMessage(tool_call_id="a", tool_name="echo", content=[TextContent(text="ok")])
+    sent = to_openai_messages(None, [GO, _turn_of(call), result])
+    assert json.loads(sent[1]["tool_calls"][0]["function"]["arguments"]) == call.arguments

@@ -4,6 +4,7 @@ the same transport, byte for byte, and over the scripted model server."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +22,7 @@ from activities.llm import LlmActivities
 from activities.model_http import ChatPoster, ChunkStream
 from runtime.settings import Settings
 from testbed.scripted_model import ScriptedModelServer
+from tests.support.serving import serving
 
 PARAMS: dict[str, Any] = {
     "model": "m",
@@ -382,3 +385,45 @@ def test_the_setting_turns_the_direct_request_off() -> None:
         LlmActivities(api_key="k")._model_poster().direct
         == ChatPoster(openai.AsyncOpenAI(api_key="k", max_retries=0)).direct
     )
+
+
+@direct_only
+async def test_a_data_field_without_a_colon_reads_as_openais_does() -> None:
+    """Mutant: the ``line == b"data"`` branch dropped (the field's empty
+    value not kept): an event of only ``data`` was skipped where openai's
+    stream fails on it, and ``data`` lines joined differently."""
+    await assert_same_stream([b"data\n\n", sse(CHUNK)])
+
+
+@direct_only
+async def test_a_body_that_goes_on_after_done_is_read_so_the_connection_is_reused() -> None:
+    """Mutant: the rest of the body not drained after ``[DONE]``. A server
+    whose body ends a moment after ``[DONE]`` (a proxy that flushes the
+    chunked terminator late, a trailing comment): the connection was closed
+    after every call, and each call paid a new connection (and TLS
+    handshake)."""
+    peers: list[object] = []
+
+    async def late_end(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse(CHUNK))
+        await asyncio.sleep(0.02)
+        await response.write(b": end\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", late_end)
+    async with serving(app) as url:
+        http = httpx2.AsyncClient()
+        poster = ChatPoster(
+            openai.AsyncOpenAI(api_key="k", base_url=f"{url}/v1", max_retries=0, http_client=http)
+        )
+        assert poster.direct
+        for _ in range(3):
+            stream = await poster.stream(PARAMS)
+            assert [c async for c in stream] == [CHUNK]
+        await http.aclose()
+    assert len(peers) == 3 and len(set(peers)) == 1
