@@ -569,3 +569,47 @@ async def test_a_request_of_too_many_payloads_is_refused_at_once(codec: LocalCod
     assert status == 413 and text.startswith(f"At most {MAX_PAYLOADS:,} payloads in one request")
     assert time.monotonic() - started < 5
     assert len(await codec.payloads("decode", [payload(b'"x"')] * MAX_PAYLOADS)) == MAX_PAYLOADS
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [f"{UI}.evil.example", f"{UI}0", f"{UI}@evil.example", "http://127.0.0.1", UI.replace("http", "https")],
+)
+async def test_an_origin_that_only_resembles_the_ui_is_refused(guarded: Endpoint, origin: str) -> None:
+    """Origins are compared whole: a page on 127.0.0.1:8233.evil.example
+    must not read conversation contents with the UI's permission."""
+    status, text = await guarded.call(
+        "decode", as_json([payload(b'"hi"')]), {"Origin": origin, "Authorization": "Bearer s3cret"}
+    )
+
+    assert_one_sentence(status, text, 403, origin)
+
+
+@pytest.mark.parametrize("action", ["encode", "decode", "download", "prefix/decode"])
+async def test_every_endpoint_wants_the_token(guarded: Endpoint, action: str) -> None:
+    """With AGENT_CODEC_TOKEN set, every request needs the token: /encode
+    writes to the payload store, /download reads as /decode does."""
+    body = as_json([payload(b'"hi"')])
+
+    assert_one_sentence(*await guarded.call(action, body), 401, "Bearer")
+    status, text = await guarded.call(action, body, {"Authorization": "Bearer s3cret"})
+    assert status == 200, text
+
+
+async def test_a_request_without_the_token_is_told_the_scheme_in_the_header(guarded: Endpoint) -> None:
+    """A 401 names its scheme (RFC 9110: WWW-Authenticate), which HTTP
+    clients read to retry with the token."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{guarded.url}/decode", data=as_json([payload(b'"hi"')])) as response,
+    ):
+        assert response.status == 401
+        assert response.headers.get("WWW-Authenticate") == "Bearer"
+
+
+async def test_encode_refuses_a_payload_no_plain_client_writes(codec: LocalCodec) -> None:
+    """/encode takes what a plain client writes: one already compressed,
+    encrypted or refused is a 422 with a sentence, not stored as if plain."""
+    for encoding in (b"binary/zlib", b"binary/encrypted", b"binary/refused"):
+        status, text = await codec.call("encode", as_json([payload(b"x" * 10, encoding)]))
+        assert_one_sentence(status, text, 422, "Payload 0", encoding.decode(), "cannot encode")

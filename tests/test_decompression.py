@@ -229,7 +229,8 @@ async def test_the_codec_server_counts_stored_payloads_against_the_request_budge
     1 MB payload (16 KB sent) came back as 66 MB, past a 1 MiB budget (a
     UI audit). They count, as compressed payloads do."""
     settings = Settings(
-        storage=f"file://{tmp_path}",
+        storage="file",
+        storage_dir=tmp_path,
         storage_threshold=4096,
         max_decompressed_bytes=MiB,
         compress_threshold=None,
@@ -241,4 +242,24 @@ async def test_the_codec_server_counts_stored_payloads_against_the_request_budge
         status, text = await Endpoint(url).call("decode", as_json([reference]))
         assert status == 200
         status, text = await Endpoint(url).call("decode", as_json([reference] * 50))
+    assert status == 413 and "AGENT_MAX_DECOMPRESSED_BYTES" in text, (status, text[:200])
+
+
+async def test_two_stored_payloads_just_past_the_request_budget_are_refused(tmp_path: Path) -> None:
+    """The request's payloads decode within AGENT_MAX_DECOMPRESSED_BYTES
+    together: two of 600 KB each under a 1 MiB budget pass it (by 0.15 MB)."""
+    settings = Settings(
+        storage="file",
+        storage_dir=tmp_path,
+        storage_threshold=4096,
+        max_decompressed_bytes=MiB,
+        compress_threshold=None,
+    )
+    converter = data_converter(settings)
+    [reference] = await converter.encode([os.urandom(300_000).hex()])  # 600 KB
+    async with serving(build_app(converter, CodecSettings(max_decompressed_bytes=MiB))) as url:
+        status, _ = await Endpoint(url).call("decode", as_json([reference]))
+        assert status == 200
+        status, text = await Endpoint(url).call("decode", as_json([reference] * 2))
+
     assert status == 413 and "AGENT_MAX_DECOMPRESSED_BYTES" in text, (status, text[:200])

@@ -17,20 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from activities.blobs import BlobMissing, FileBlobStore, digest_of
+from activities.blobs import BlobMissing, FileBlobStore, S3BlobStore, digest_of
 from activities.context_store import ContextStore, Manifest
 from client import Conversation, ConversationNotFound, Refused
 from runtime.connect import connect
 from runtime.encryption import ENCRYPTED, KEY_ID, Keyring
-from runtime.payloads import data_converter
+from runtime.payloads import blob_store, data_converter, probe_s3_storage
 from runtime.settings import Settings, SettingsError
 from testbed.local_stack import CodecServer, DevServer, start_worker, stop_process
 from testbed.scripted_model import ScriptedModelServer
+from tests.support.s3 import use_fake_s3
+from tests.support.serving import serving
 from tests.support.stack import Stack
 from tests.test_codec_server import Endpoint, raw_payloads
 from workflows.models import UserMessage
@@ -508,3 +511,66 @@ async def test_a_client_with_another_key_is_told_what_to_give_it(
         "AGENT_ENCRYPTION_KEYS)."
     )
     await handle.signal("close")
+
+
+async def test_context_blobs_in_s3_are_encrypted_and_read_after_rotation(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    """With AGENT_ENCRYPTION_KEYS the payload store holds only ciphertext: the
+    context store's blobs in S3 too, as its files are (they pass no codec)."""
+    url, objects = fake_s3
+    use_fake_s3(monkeypatch, url)
+    env = {**os.environ, "AGENT_STORAGE": "s3://bucket/pre", "AGENT_ENCRYPTION_KEYS": f"a:{KEY_A}"}
+    data = b'{"role": "user", "content": "marker-s3-context"}'
+    digest = digest_of(data)
+    store = blob_store(Settings.from_env(env))
+    assert isinstance(store, S3BlobStore)
+
+    await store.put_many({digest: data})
+
+    [stored] = objects.values()
+    assert b"marker-s3-context" not in stored
+    rotated = blob_store(Settings.from_env({**env, "AGENT_ENCRYPTION_KEYS": f"b:{KEY_B},a:{KEY_A}"}))
+    assert rotated is not None and await rotated.get(digest) == data
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"short", os.urandom(12), os.urandom(27)], ids=["empty", "5", "12", "27"]
+)
+async def test_an_encrypted_payload_too_short_to_hold_a_nonce_and_tag_is_refused(data: bytes) -> None:
+    """Anyone who may signal can send ``binary/encrypted`` with any data: one
+    too short to be AES-GCM is refused with the sentence, as an altered one,
+    not raised from the codec (which fails the workflow task on every retry)."""
+
+    converter = data_converter(settings_with(f"a:{KEY_A}"))
+    forged = Payload(metadata={"encoding": ENCRYPTED, KEY_ID: b"a"}, data=data)
+
+    with pytest.raises(ApplicationError) as refused:
+        await converter.decode([forged], [str])
+
+    assert refused.value.type == "PayloadRefused" and "it was altered" in refused.value.message
+
+
+async def test_the_s3_probe_refusal_shows_no_secret_the_store_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker prints the probe's refusal at start (logs, a terminal):
+    an S3 error body that echoes a credential is scrubbed as every error text is."""
+
+    secret = "plain-words-secret-value"
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        body = f"<Error><Code>AccessDenied</Code><Message>Access Denied for {secret}</Message></Error>"
+        return web.Response(status=403, body=body.encode(), content_type="application/xml")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    async with serving(app, shutdown_timeout=0.1) as url:
+        use_fake_s3(monkeypatch, url)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        with pytest.raises(SettingsError) as refused:
+            await probe_s3_storage(
+                Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket"}), timeout=10
+            )
+
+    assert "AccessDenied" in str(refused.value)
+    assert secret not in str(refused.value)

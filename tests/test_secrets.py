@@ -9,7 +9,7 @@ import json
 import pytest
 from google.protobuf import text_format
 
-from activities.redact import REDACTED, scrub
+from activities.redact import REDACTED, TOOL_SECRETS, scrub, scrub_before_cutting, scrub_json, scrub_known
 from tests.support.stack import Stack
 from tests.test_codec_server import raw_payloads
 
@@ -146,3 +146,51 @@ def test_an_encryption_key_is_scrubbed_in_every_form_it_may_be_written() -> None
         assert scrub_known(f"AGENT_ENCRYPTION_KEYS=k1:{form}\n", settings.known_secrets()) == (
             "AGENT_ENCRYPTION_KEYS=k1:[redacted]\n"
         ), form
+
+
+KEY = "test-key-never-in-history"
+
+
+def test_a_known_secret_of_eight_characters_is_redacted_verbatim() -> None:
+    """MIN_KNOWN_SECRET_CHARS is 8: a codec token or key of 8 characters is scrubbed."""
+    assert scrub_known("the token was k9#mQ2!z here", ["k9#mQ2!z"]) == f"the token was {REDACTED} here"
+    assert scrub("the token was k9#mQ2!z here", ["k9#mQ2!z"]) == f"the token was {REDACTED} here"
+
+
+def test_known_secrets_are_scrubbed_from_every_string_of_a_tools_details() -> None:
+    """A tool's details (kept in the transcript, shown in the UI) are JSON:
+    lists and keys hold strings too."""
+    details = {
+        "env": [f"OPENAI_API_KEY={KEY}", {"nested": [KEY]}],
+        f"key {KEY}": "value",
+        "count": 3,
+    }
+
+    cleaned = scrub_json(details, [KEY])
+
+    assert KEY not in repr(cleaned)
+    assert cleaned == {
+        "env": [f"OPENAI_API_KEY={REDACTED}", {"nested": [REDACTED]}],
+        f"key {REDACTED}": "value",
+        "count": 3,
+    }
+
+
+def test_the_first_four_characters_of_a_secret_at_the_cut_are_redacted() -> None:
+    """A secret cut so that only its first 4 characters would show is
+    still taken out (shorter starts are too common to tell)."""
+    secret = "Zq7vW2pXk9"
+    token = TOOL_SECRETS.set((secret,))
+    try:
+        # the text itself already cut (a line read to a byte limit) inside the secret
+        assert scrub_before_cutting("x" * 6 + secret[:4], 10) == "x" * 6 + REDACTED
+        assert scrub_before_cutting("x" * 7 + secret[:3], 10) == "x" * 7 + "Zq7"
+    finally:
+        TOOL_SECRETS.reset(token)
+
+
+def test_an_authorization_header_without_a_scheme_is_redacted() -> None:
+    """Some APIs take the key as the whole header (``Authorization: KEY``)."""
+    scrubbed = scrub("the server echoed Authorization: abc123def456 back")
+
+    assert "abc123def456" not in scrubbed and REDACTED in scrubbed

@@ -9,8 +9,10 @@ import importlib.util
 import json
 import os
 import socket
+import stat
 import time
 import uuid
+import zlib
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,11 +39,14 @@ from temporalio.converter import (
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.blobs import BlobMissing, S3BlobStore, checked_digest, digest_of
 from runtime.connect import connect
-from runtime.converter import REFUSED, AgentPayloadConverter
+from runtime.converter import REFUSED, AgentPayloadConverter, refused_reason
 from runtime.payloads import (
     DEFAULT_THRESHOLD_BYTES,
+    CompressionCodec,
     FileSystemStorageDriver,
+    blob_store,
     data_converter,
     data_converter_from_env,
     external_storage,
@@ -239,20 +244,20 @@ async def test_the_worker_probes_s3_storage_before_it_takes_work(
     for reads, written, said in (
         ("denied", "could not be written: ClientError: An error occurred (AccessDenied)", "PutObject"),
         ("only", "could not be read: ", "AccessDenied"),
-        ("hang", "was not read back within 1 s", "within 1 s"),
+        ("hang", "was not read back within 2 s", "within 2 s"),
     ):
         async with denying_s3(reads) as denied:
             use_fake_s3(monkeypatch, denied)
             settings = Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket/pre"})
             started = time.monotonic()
             with pytest.raises(SettingsError) as refused:
-                await probe_s3_storage(settings, timeout=1)
+                await probe_s3_storage(settings, timeout=2)  # 1 s was too short for a write on a busy machine
             elapsed = time.monotonic() - started
         assert str(refused.value).startswith(
             f"AGENT_STORAGE=s3://bucket/pre cannot be used: {probe} {written}"
         )
         assert said in str(refused.value)
-        assert elapsed < 3  # one timeout for the write and the read together
+        assert elapsed < 5  # one timeout for the write and the read together
 
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -395,7 +400,7 @@ def _run_context(namespace: str, run_id: str) -> StorageDriverStoreContext:
 
 
 async def test_a_payload_stored_for_a_run_lands_in_its_namespace_each_time(tmp_path: Path) -> None:
-    converter = data_converter(Settings(storage=f"file://{tmp_path}", storage_threshold=THRESHOLD))
+    converter = data_converter(Settings(storage="file", storage_dir=tmp_path, storage_threshold=THRESHOLD))
 
     for namespace in ("team-a", "team-b", "team-a"):
         bound = converter._with_store_context(_run_context(namespace, "run-1"))
@@ -437,3 +442,191 @@ def test_the_default_data_directory_is_read_from_the_environment_given(
     assert given.storage_dir == (tmp_path / "given").resolve() / "durable-agent" / "payloads"
     home = Settings.from_env({"HOME": str(tmp_path / "home")})
     assert home.tool_output_dir == (tmp_path / "home").resolve() / ".local/share/durable-agent/tool-output"
+
+
+MiB = 1024 * 1024
+
+
+def json_payload(size: int) -> Payload:
+    """A json/plain payload whose serialized form is exactly ``size`` bytes."""
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=b"")
+    payload.data = b"a" * (size - payload.ByteSize() - 4)
+    while payload.ByteSize() < size:
+        payload.data += b"a"
+    assert payload.ByteSize() == size
+    return payload
+
+
+async def test_a_payload_that_expands_to_exactly_the_bound_is_read() -> None:
+    """AGENT_MAX_DECOMPRESSED_BYTES: a payload that would expand *beyond* it is refused."""
+    codec = CompressionCodec(threshold=64, max_decompressed=MiB)
+    at_bound = json_payload(MiB)
+    [compressed] = await codec.encode([at_bound])
+    assert compressed.metadata["encoding"] == b"binary/zlib"
+
+    [decoded] = await codec.decode([compressed])
+    assert refused_reason(decoded) is None and decoded == at_bound
+
+    [past] = await codec.decode(
+        [
+            Payload(
+                metadata={"encoding": b"binary/zlib"},
+                data=zlib.compress(json_payload(MiB + 1).SerializeToString()),
+            )
+        ]
+    )
+    assert "decompression bomb" in (refused_reason(past) or "")
+
+
+async def test_payloads_at_the_compress_threshold_are_compressed() -> None:
+    """AGENT_COMPRESS_THRESHOLD_BYTES: payloads at or above this size are compressed."""
+    codec = CompressionCodec(threshold=4096)
+    at, under = json_payload(4096), json_payload(4095)
+
+    encoded_at, encoded_under = await codec.encode([at, under])
+
+    assert encoded_at.metadata["encoding"] == b"binary/zlib"
+    assert encoded_under == under
+
+
+async def test_compressed_data_cut_before_its_checksum_is_refused() -> None:
+    """zlib's adler32 at the end of the stream is what tells a payload
+    altered or cut short; a stream without it is not read."""
+    codec = CompressionCodec(threshold=64)
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=b'"pay 10 EUR to alice"' * 20)
+    whole = zlib.compress(payload.SerializeToString())
+    assert (
+        Payload.FromString(zlib.decompressobj().decompress(whole[:-4])) == payload
+    )  # all there but the checksum
+
+    [decoded] = await codec.decode([Payload(metadata={"encoding": b"binary/zlib"}, data=whole[:-4])])
+
+    assert "does not decompress" in (refused_reason(decoded) or "")
+
+
+async def test_a_reference_naming_a_namespace_outside_the_store_is_refused(tmp_path: Path) -> None:
+    """A claim comes from the history (a client may have written it): its
+    namespace is one path segment under AGENT_STORAGE_DIR, never a way out."""
+    root = tmp_path / "store"
+    root.mkdir()
+    planted = Payload(metadata={"encoding": b"json/plain"}, data=b'"planted outside the store"')
+    data = planted.SerializeToString()
+    digest = digest_of(data)
+    (tmp_path / digest[:2]).mkdir()
+    (tmp_path / digest[:2] / digest).write_bytes(data)  # what root/../<2 hex>/<digest> names
+    (tmp_path / "x").mkdir()
+    driver = FileSystemStorageDriver(root)
+
+    for namespace in ("..", "x/..", "x/../..", "../x/.."):
+        claim = StorageDriverClaim(claim_data={"namespace": namespace, "sha256": digest})
+        [read] = await driver.retrieve(StorageDriverRetrieveContext(), [claim])
+        assert read.metadata["encoding"] == REFUSED, namespace
+        assert driver.path_for(namespace, digest).resolve().is_relative_to(root.resolve()), namespace
+
+
+async def test_a_stored_file_that_is_no_payload_is_refused_not_raised(tmp_path: Path) -> None:
+    """As a missing one: a reference anyone may send (a signal) must not
+    fail the workflow task on every retry; here its bytes match its digest
+    but are no serialized Payload (a context blob's JSON, say)."""
+    not_a_payload = b"\xff\xff\xff not a protobuf"
+    digest = digest_of(not_a_payload)
+    driver = FileSystemStorageDriver(tmp_path)
+    driver.blobs("default").write(digest, not_a_payload)
+
+    claim = StorageDriverClaim(claim_data={"namespace": "default", "sha256": digest})
+    [read] = await driver.retrieve(StorageDriverRetrieveContext(), [claim])
+
+    assert read.metadata["encoding"] == REFUSED and b"not a payload" in read.data
+
+
+async def test_a_digest_with_a_path_after_its_hex_is_refused_and_touches_nothing(tmp_path: Path) -> None:
+    """A digest is exactly 64 lowercase hex characters: one that starts so
+    and goes on as a path must not name (nor, as a corrupt blob, remove) a
+    file outside the store."""
+
+    root = tmp_path / "store"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not the store's")
+    hostile = "a" * 64 + "/../../../../victim"
+
+    with pytest.raises(ValueError):
+        checked_digest(hostile)
+    with pytest.raises(ValueError):
+        checked_digest("a" * 64 + "\n")
+    claim = StorageDriverClaim(claim_data={"namespace": "default", "sha256": hostile})
+    [read] = await FileSystemStorageDriver(root).retrieve(StorageDriverRetrieveContext(), [claim])
+
+    assert read.metadata["encoding"] == REFUSED and b"no valid sha256" in read.data
+    assert victim.read_bytes() == b"not the store's"
+
+
+@pytest.mark.parametrize("digest", ["A" * 64, "aB" * 32, "a" * 63, "a" * 65, " " + "a" * 64])
+def test_a_digest_that_is_not_64_lowercase_hex_is_refused(digest: str) -> None:
+    """What the blob store's docstring promises (a digest comes from a
+    history, which a client may have written). Upper case would name the
+    same file on a case-insensitive volume, whose content then fails the
+    (lowercase) check and is removed as corrupt."""
+
+    with pytest.raises(ValueError):
+        checked_digest(digest)
+
+
+async def test_stored_payloads_are_readable_by_their_owner_only(tmp_path: Path) -> None:
+    """The blob store's files (conversation contents, in the clear without
+    AGENT_ENCRYPTION_KEYS) and their directories are the owner's alone,
+    whatever the umask."""
+
+    root = tmp_path / "store"
+    driver = FileSystemStorageDriver(root)
+    big = Payload(metadata={"encoding": b"json/plain"}, data=b'"a conversation"')
+    old = os.umask(0o022)
+    try:
+        driver._write("default", big)
+    finally:
+        os.umask(old)
+
+    [path] = [p for p in root.rglob("*") if p.is_file()]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) & 0o077 == 0  # its <first 2 hex> directory
+
+
+async def test_a_stored_payload_altered_on_disk_is_refused_and_removed(tmp_path: Path) -> None:
+    """What is read is checked against its digest: a stored payload replaced
+    by another (valid) payload is not read as the one the history refers
+    to, and is removed, so the next write of that content puts it back."""
+
+    converter = data_converter(
+        Settings(storage="file", storage_dir=tmp_path, storage_threshold=1024, compress_threshold=None)
+    )
+    original = "the real answer " + "x" * 4096
+    [reference] = await converter.encode([original])
+    [path] = [p for p in tmp_path.rglob("*") if p.is_file()]
+    forged = Payload(metadata={"encoding": b"json/plain"}, data=b'"a forged answer"')
+    path.write_bytes(forged.SerializeToString())
+
+    with pytest.raises(ApplicationError) as refused:
+        await converter.decode([reference], [str])
+
+    assert refused.value.type == "PayloadRefused" and "corrupt" in refused.value.message
+    assert not path.exists()
+    await converter.encode([original])
+    assert await converter.decode([reference], [str]) == [original]
+
+
+async def test_an_s3_context_blob_altered_in_the_bucket_reads_as_missing(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    """As the file store's: an object whose content does not match its
+    digest is not handed to the model call as the context it names."""
+
+    url, objects = fake_s3
+    use_fake_s3(monkeypatch, url)
+    store = blob_store(Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket"}))
+    assert isinstance(store, S3BlobStore)
+    data = b'[{"role": "user", "content": "the real question"}]'
+    await store.put_many({digest_of(data): data})
+    [key] = objects
+    objects[key] = b'[{"role": "user", "content": "a forged question"}]'
+
+    with pytest.raises(BlobMissing, match="corrupt"):
+        await store.get(digest_of(data))
