@@ -135,14 +135,14 @@ def _readable(message: str) -> str:
     )
 
 
-class StoppedWaiting(asyncio.CancelledError):
-    """A request was sent and its answer not waited for (Ctrl-C, a
-    cancelled task, ``asyncio.wait_for`` or ``asyncio.timeout`` running
-    out): the conversation keeps it, and applies it when a worker takes it.
-    Sending it again applies it twice. It is the caller's cancellation
-    (an ``asyncio.CancelledError``), so ``asyncio.wait_for`` raises
-    ``TimeoutError`` and a cancelled task ends cancelled, as with any
-    awaitable; ``except StoppedWaiting`` still catches it."""
+class StoppedWaiting(Exception):
+    """A request was sent and its answer not waited for: the conversation
+    keeps it, and applies it when a worker takes it. Sending it again
+    applies it twice. Raised when the server stops answering the wait; when
+    the caller cancels it (Ctrl-C, a cancelled task, ``asyncio.timeout`` or
+    ``asyncio.wait_for`` running out), the caller's own
+    ``asyncio.CancelledError`` is raised, with a ``StoppedWaiting`` as its
+    ``__cause__``, so timeouts and task groups work as with any awaitable."""
 
 
 def _cancelled(err: BaseException) -> asyncio.CancelledError | None:
@@ -318,10 +318,12 @@ class Conversation:
         try:
             return await self._execute_update(name, args, result_type)
         except WorkflowUpdateRPCTimeoutOrCancelledError as err:
-            kept = "what was sent is kept, and applies when a worker takes it."
-            if _cancelled(err) is not None:
-                raise StoppedWaiting(f"Stopped waiting for {name}: {kept}") from None
-            raise Refused(f"The server gave {name} no answer in time: {kept}") from None
+            stopped = StoppedWaiting(
+                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it."
+            )
+            if (cancelled := _cancelled(err)) is not None:
+                raise cancelled from stopped  # exactly asyncio's type: timeout() and TaskGroup check it
+            raise stopped from None
         finally:
             if note is not None:
                 note.cancel()

@@ -433,10 +433,12 @@ async def run_command(args: argparse.Namespace) -> int:
     Conversation.on_slow_update = _note
     try:
         return await COMMANDS[args.command](client, settings, args)
-    except StoppedWaiting as stopped:  # Ctrl-C while a request waited for a worker
-        print(f"note: {stopped}", file=sys.stderr)
+    except asyncio.CancelledError as err:
+        if not isinstance(err.__cause__, StoppedWaiting):
+            raise
+        print(f"note: {err.__cause__}", file=sys.stderr)  # Ctrl-C while a request waited for a worker
         return 130
-    except Refused as err:
+    except (Refused, StoppedWaiting) as err:
         raise UserError(str(err)) from None
     except WorkflowFailureError as err:
         cause = err.cause

@@ -7,13 +7,15 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowQueryFailedError
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from client import Conversation, ConversationNotFound, Refused, StoppedWaiting
+from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 from tests.support.tools import guarded_call
 from workflows.models import AgentMessage, AssistantMessage, ToolResultMessage, UserMessage
@@ -430,7 +432,7 @@ async def test_a_missing_or_ended_conversation_says_so(stack: Stack) -> None:
 
 
 async def test_a_cancelled_wait_for_idle_is_the_callers_cancellation(stack: Stack) -> None:
-    """A race audit: `asyncio.wait_for(wait_for_idle(), 2)` raised the SDK's
+    """A race audit: `asyncio.wait_for(wait_for_idle(), 0.5)` raised the SDK's
     WorkflowUpdateRPCTimeoutOrCancelledError instead of TimeoutError, and a
     cancelled task did not end cancelled (task groups and timeouts broke)."""
     stack.script({"tool_calls": [guarded_call("call_a", "later")]}, {"text": "done"})
@@ -453,26 +455,58 @@ async def test_a_cancelled_wait_for_idle_is_the_callers_cancellation(stack: Stac
     assert (await chat.wait_for_idle()).stop_reason == "stop"
 
 
-async def test_a_cancelled_request_is_stopped_waiting_and_kept(stack: Stack) -> None:
-    """A request whose wait is cancelled raises ``StoppedWaiting`` (what was
-    sent is kept), and it is the caller's cancellation: `asyncio.wait_for`
-    raises TimeoutError and a cancelled task ends cancelled."""
-    handle = await stack.client.start_workflow(
-        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+async def test_a_cancelled_request_is_the_callers_cancellation_and_is_kept(
+    client: Client, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """A request whose wait is cancelled (no worker takes it) raises the
+    caller's own cancellation, so `asyncio.timeout`, `asyncio.wait_for`,
+    task groups and `task.cancel()` behave as with any awaitable, with a
+    ``StoppedWaiting`` as its cause saying what was sent is kept; and it
+    is: a worker that starts later applies each. (A race audit: the SDK's
+    WorkflowUpdateRPCTimeoutOrCancelledError came out of wait_for, and a
+    StoppedWaiting raised in place of the cancellation broke task groups.)"""
+    task_queue = f"no-worker-yet-{uuid.uuid4().hex[:6]}"
+    handle = await client.start_workflow(
+        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue=task_queue
     )
-    chat = Conversation.attach(stack.client, handle.id)
+    chat = Conversation.attach(client, handle.id)
+    worker = None
     try:
-        with pytest.raises(TimeoutError) as timed_out:
-            await asyncio.wait_for(chat.configure(system_prompt="terse"), 0.5)
-        assert isinstance(timed_out.value.__cause__, StoppedWaiting)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await chat.configure(system_prompt="terse")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(chat.clear_queues("steering"), 0.5)
+        async with asyncio.TaskGroup() as group:
+            cancelled_in_group = group.create_task(chat.configure(max_turns=7))
+            await asyncio.sleep(0.3)
+            cancelled_in_group.cancel()
+        assert cancelled_in_group.cancelled()
         task = asyncio.get_running_loop().create_task(chat.prompt("second", wait=False))
         await asyncio.sleep(0.3)
         task.cancel()
-        with pytest.raises(StoppedWaiting, match=r"^Stopped waiting for prompt: what was sent is kept"):
+        with pytest.raises(asyncio.CancelledError) as stopped:
             await task
         assert task.cancelled()
+        assert isinstance(stopped.value.__cause__, StoppedWaiting)
+        assert str(stopped.value.__cause__) == (
+            "Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it."
+        )
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+        worker = start_worker(
+            {**worker_env, "TEMPORAL_TASK_QUEUE": task_queue},
+            ["tests.support.tools"],
+            artifacts / "late-worker.log",
+        )
+        idle = await asyncio.wait_for(chat.wait_for_idle(), 30)
+        state = await chat.state()
+        assert (state.system_prompt, state.max_turns) == ("terse", 7)
+        assert texts(idle.messages)[0] == "user: second"
     finally:
         await handle.terminate("test")
+        if worker is not None:
+            stop_process(worker)
 
 
 async def test_an_update_aborted_by_a_failed_workflow_task_is_made_again(
