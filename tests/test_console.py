@@ -559,12 +559,16 @@ async def test_a_chat_whose_conversation_ends_says_how_and_how_to_go_on(stack: S
     child, workflow_id = await start_chat(stack)
     await stack.client.get_workflow_handle(workflow_id).terminate("by the operator")
 
-    await expect(child, "The conversation was terminated.")
-    await expect(child, f"python starter.py fork {workflow_id} --at N")
-    await child.expect(pexpect.EOF, async_=True)
-    child.close()
+    try:
+        await expect(child, "The conversation was terminated.")
+        assert (
+            await child.expect(["Re-attach", f"python starter.py fork {workflow_id} --at N"], async_=True)
+            == 1
+        )
+        assert await child.expect(["Re-attach", pexpect.EOF], async_=True) == 1
+    finally:
+        child.close(force=True)
     assert child.exitstatus == 0
-    assert "Re-attach" not in child.before
 
 
 def user_texts(messages: list[AgentMessage]) -> list[str]:

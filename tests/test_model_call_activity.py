@@ -206,9 +206,18 @@ async def test_the_read_timeout_setting_bounds_a_silent_server() -> None:
     assert time.monotonic() - started < 5
 
 
-async def _stalled_call(details: ActivityCancellationDetails) -> Any:
-    """The activity cancelled with ``details`` while the model streams."""
+async def _stalled_call(details: ActivityCancellationDetails, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The activity cancelled with ``details`` once the model's first token
+    was read (published as a ``text_delta``), while the model stalls."""
     started = asyncio.Event()
+    token_read = asyncio.Event()
+
+    class Watching(NoStream):
+        def publish(self, event: Any) -> None:
+            if isinstance(event, dict) and event.get("type") == "message_update":
+                token_read.set()
+
+    monkeypatch.setattr(events_module, "run_stream_client", Watching)
 
     async def stalling(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -222,26 +231,26 @@ async def _stalled_call(details: ActivityCancellationDetails) -> Any:
     async with serving(_app(stalling), shutdown_timeout=0.1) as url:
         task = asyncio.create_task(_run(url, env=env))
         await asyncio.wait_for(started.wait(), 5)
-        await asyncio.sleep(0.2)  # the chunk read
+        await asyncio.wait_for(token_read.wait(), 5)
         env.cancel(cancellation_details=details)
         return await asyncio.wait_for(task, 5)
 
 
-async def test_an_abort_ends_the_call_with_what_streamed() -> None:
+async def test_an_abort_ends_the_call_with_what_streamed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutant: the abort branch re-raising. An abort (the workflow's
     cancellation) answers at once, ``aborted``, the text so far kept."""
-    result = await _stalled_call(ActivityCancellationDetails(cancel_requested=True))
+    result = await _stalled_call(ActivityCancellationDetails(cancel_requested=True), monkeypatch)
     assert result.message.stop_reason == "aborted" and result.message.text == "ok"
     assert result.message.error_message == "Request was aborted"
 
 
-async def test_a_worker_shutdown_is_no_abort() -> None:
+async def test_a_worker_shutdown_is_no_abort(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutant: ``details is None or not details.cancel_requested`` ->
     ``details is None``. A worker shutting down (a deploy) or a timeout must
     leave the call to Temporal's retry on another worker, not end the
     user's run as aborted."""
     with pytest.raises(asyncio.CancelledError):
-        await _stalled_call(ActivityCancellationDetails(worker_shutdown=True))
+        await _stalled_call(ActivityCancellationDetails(worker_shutdown=True), monkeypatch)
 
 
 async def test_an_answer_with_too_many_calls_stops_reading_the_stream() -> None:
