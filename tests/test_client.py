@@ -14,7 +14,7 @@ import pytest
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from client import Conversation, ConversationNotFound, Refused, StoppedWaiting
+from client import Conversation, ConversationNotFound, Refused, StoppedWaiting, list_conversations
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 from tests.support.tools import guarded_call
@@ -792,3 +792,41 @@ async def test_a_reader_is_told_of_each_stall_once_and_a_failing_callback_does_n
         assert not looks.done()
     finally:
         looks.cancel()
+
+
+async def test_an_answered_request_is_not_noted_as_waiting_for_a_worker(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_slow_update`` hears of a request that waits for a worker, not of
+    one a worker answered (the chat would print "prompt has waited 5 s for
+    a worker ... is one running?" 5 s after every answered request)."""
+
+    monkeypatch.setattr("client.UPDATE_NOTE_AFTER", 1.0)
+    notes: list[str] = []
+    monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
+    conversation = await stack.conversation()
+
+    await conversation.configure(system_prompt="Be brief.")
+    await asyncio.sleep(1.5)
+
+    assert notes == []
+
+
+async def test_list_finds_a_model_whose_name_has_a_quote(stack: Stack) -> None:
+    """A filter value is quoted for the visibility query: a model named with
+    a quote is listed (not refused as "This server does not keep the Agent*
+    search attributes"), and cannot widen the query."""
+
+    model = f"o'brien-{uuid.uuid4().hex[:6]}"
+    conversation = await stack.conversation(model=model)
+
+    async def listed() -> list[str]:
+        return [found.id async for found in list_conversations(stack.client, model=model)]
+
+    for _ in range(100):  # the visibility store lags a little
+        if await listed():
+            break
+        await asyncio.sleep(0.1)
+    assert await listed() == [conversation.id]
+    widened = f"{model}' OR AgentModel != '"
+    assert [found.id async for found in list_conversations(stack.client, model=widened)] == []

@@ -13,12 +13,14 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import sys
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pexpect
@@ -27,6 +29,7 @@ from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
+import starter as cli
 from client import Conversation
 from console.above_prompt import AbovePromptWriter
 from console.chat import ChatSession
@@ -556,10 +559,16 @@ async def test_a_chat_whose_conversation_ends_says_how_and_how_to_go_on(stack: S
     """A chat said only "The conversation has ended." when another client
     closed or terminated its conversation (a console look): it says how it
     ended, as `watch` does, and how to go on, not how to re-attach."""
+    stack.script({"text": "first answer"})
     child, workflow_id = await start_chat(stack)
-    await stack.client.get_workflow_handle(workflow_id).terminate("by the operator")
-
     try:
+        child.send("hi\r")
+        await expect(child, "· 1 turn")
+        # Ended while its reader waits for the next event (a terminate that
+        # lands while the reader's poll is sent, not yet taken, is told only
+        # when the server gives up on that poll, ~20 s later).
+        await asyncio.sleep(1)
+        await stack.client.get_workflow_handle(workflow_id).terminate("by the operator")
         await expect(child, "The conversation was terminated.")
         assert (
             await child.expect(["Re-attach", f"python starter.py fork {workflow_id} --at N"], async_=True)
@@ -1247,3 +1256,258 @@ async def test_a_lost_server_is_one_note_not_the_sdks_log_lines(tmp_path: Path) 
         == f"note: the Temporal server at {server.address} does not answer; retrying until it does.\n"
     )
     assert rest == b""
+
+
+async def test_chat_text_typed_while_a_call_waits_for_approval_steers_the_run(stack: Stack) -> None:
+    """A run waiting for approval is active ("awaiting-approval"): a line
+    that is not y/n steers it, and /abort aborts it; neither is refused as
+    "no run is active"."""
+    stack.script({"tool_calls": [guarded_call("call_a", "hello")]}, {"text": "never reached"})
+    child, workflow_id = await start_chat(stack)
+
+    child.send("echo once\r")
+    await expect(child, "approve guarded_echo (call_a)? y/n")
+    child.send("also mention the weather\r")
+    await expect(child, "» steering: also mention the weather")
+    child.send("/abort\r")
+    await expect(child, "aborting the run")
+    await expect(child, "Request was aborted")
+    await leave(child, workflow_id)
+
+    idle = await Conversation.attach(stack.client, workflow_id).wait_for_idle()
+    assert idle.stop_reason == "aborted"
+
+
+async def test_chat_ctrl_c_after_an_aborted_run_aborts_the_next_run_too(stack: Stack) -> None:
+    """ "Ctrl-C aborts the run; a second Ctrl-C, or one while idle, leaves":
+    a Ctrl-C that aborted one run does not make the Ctrl-C of a later run
+    (after a line was typed) leave the chat."""
+    slow = {"name": "slow", "arguments": {"seconds": 5}}
+    stack.script({"tool_calls": [{"id": "call_one", **slow}]}, {"tool_calls": [{"id": "call_two", **slow}]})
+    child, workflow_id = await start_chat(stack)
+
+    child.send("run the slow tool\r")
+    await expect(child, "⚙ slow(seconds=5)")
+    child.sendcontrol("c")
+    await expect(child, "aborting the run")
+    await expect(child, "Request was aborted")
+    child.send("run it again\r")
+    await expect(child, "⚙ slow(seconds=5)")
+    child.sendcontrol("c")
+    await expect(child, "aborting the run (Ctrl-C again leaves the chat)")
+    await expect(child, "Request was aborted")
+    await leave(child, workflow_id)
+
+    idle = await Conversation.attach(stack.client, workflow_id).wait_for_idle()
+    assert (idle.runs, idle.stop_reason) == (2, "aborted")
+
+
+async def test_run_closes_the_conversation_once_its_run_ends(stack: Stack) -> None:
+    """``run``: "start, stream the answer, close" (README): the conversation
+    does not stay open after the answer (one left open per `run`)."""
+    stack.script({"text": "and closed"})
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+
+    code, stdout = await starter(stack.dev_server, "run", "hi", "--model", stack.model, "--id", run_id)
+
+    assert (code, stdout.count("and closed")) == (0, 1)
+    handle = stack.client.get_workflow_handle(run_id)
+    await asyncio.wait_for(handle.result(), 15)
+    assert (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
+
+
+async def test_start_passes_its_settings_to_the_conversation(stack: Stack) -> None:
+    """``start``/``run``/``chat`` take --model, --system, --thinking, --tools and --max-turns."""
+    code, stdout = await starter(
+        stack.dev_server,
+        "start",
+        "--model",
+        stack.model,
+        "--system",
+        "Be terse.",
+        "--thinking",
+        "low",
+        "--tools",
+        "echo,calculator",
+        "--max-turns",
+        "3",
+    )
+
+    assert code == 0
+    state = await Conversation.attach(stack.client, stdout.strip()).state()
+    assert (state.model, state.system_prompt, state.thinking_level) == (stack.model, "Be terse.", "low")
+    assert (sorted(state.tools or []), state.max_turns) == (["calculator", "echo"], 3)
+
+
+async def test_prompt_without_wait_says_which_run_started_and_where_its_events_start(stack: Stack) -> None:
+    """`prompt ID TEXT` prints the run and its first event's offset, for
+    `watch ID --from OFFSET`."""
+    stack.script({"text": "answered"})
+    conversation = await stack.conversation()
+
+    code, stdout = await starter(stack.dev_server, "prompt", conversation.id, "hi")
+
+    assert code == 0
+    match = re.fullmatch(r"run 1 started \(events from offset (\d+)\)\n", stdout)
+    assert match, stdout
+    async for offset, event in conversation.events(int(match.group(1))):
+        assert (offset, event["type"]) == (int(match.group(1)), "agent_start")
+        break
+
+
+async def test_watch_says_how_to_decide_a_call_waiting_for_approval(stack: Stack) -> None:
+    """`watch` prints, under an approval request, the command that decides
+    it from another terminal (as `run` does)."""
+    stack.script({"tool_calls": [guarded_call("call_a", "hello")]}, {"text": "decided"})
+    conversation = await stack.conversation(close_when_idle=True)
+    log = EventLog(stack.client, conversation.id)
+    await conversation.prompt("echo", wait=False)
+    await log.wait_for_type("tool_approval_request", 1)
+    log.close()
+    await conversation.approve("call_a")
+    await conversation.result()
+
+    code, stdout = await starter(stack.dev_server, "watch", conversation.id)
+
+    assert code == 0
+    assert f"decide: python starter.py approve {conversation.id} call_a [--reject]" in stdout
+
+
+async def test_watch_from_starts_at_that_offset(stack: Stack) -> None:
+    """`watch ID --from N` prints the events from offset N on, not from 0."""
+    stack.script({"text": "one"})
+    conversation = await stack.conversation(close_when_idle=True)
+    await conversation.prompt("hi", wait=False)
+    await conversation.result()
+
+    code, stdout = await starter(stack.dev_server, "watch", conversation.id, "--json", "--from", "3")
+
+    offsets = [json.loads(line)["offset"] for line in stdout.splitlines()]
+    assert code == 0 and offsets and offsets[0] == 3, stdout
+
+
+async def test_starter_wait_exits_1_when_the_run_ended_in_error(stack: Stack) -> None:
+    """`wait ID`: "exit 1: it ended in error" (its help)."""
+    stack.script({"fault": {"kind": "400", "message": "bad request body"}})
+    conversation = await stack.conversation()
+    await conversation.prompt("hi")
+
+    assert await starter(stack.dev_server, "wait", conversation.id) == (
+        1,
+        '{"runs": 1, "stopReason": "error"}\n',
+    )
+
+
+def test_watch_refuses_offset_minus_one(capsys: pytest.CaptureFixture[str]) -> None:
+
+    with pytest.raises(SystemExit) as raised:
+        cli.build_parser().parse_args(["watch", "x", "--from", "-1"])
+    assert raised.value.code == 2
+    assert "an offset is 0 or more, not -1" in capsys.readouterr().err
+
+
+async def test_starter_stop_ends_the_run_after_its_turn_not_aborted(stack: Stack) -> None:
+    """`stop ID` lets the current turn finish (its tool result is kept);
+    it does not abort it."""
+    slow = {"name": "slow", "arguments": {"seconds": 2}}
+    stack.script({"tool_calls": [{"id": "call_stop", **slow}]}, {"text": "not asked"})
+    conversation = await stack.conversation()
+    log = EventLog(stack.client, conversation.id)
+    await conversation.prompt("run the slow tool", wait=False)
+    await log.wait_for_type("tool_execution_start", 1)
+    log.close()
+
+    assert await starter(stack.dev_server, "stop", conversation.id) == (
+        0,
+        f"sent stop_after_turn to {conversation.id}\n",
+    )
+    idle = await conversation.wait_for_idle()
+
+    assert idle.stop_reason != "aborted"
+    assert [m.role for m in idle.messages] == ["user", "assistant", "toolResult"]
+    assert [m.is_error for m in idle.messages if m.role == "toolResult"] == [False]
+
+
+async def test_prompt_wait_fails_when_the_conversation_ends_before_its_run(stack: Stack) -> None:
+    """`prompt ID TEXT --wait` whose conversation is terminated mid-run does
+    not exit 0 as if the run had ended well."""
+    stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 5}}]})
+    conversation = await stack.conversation()
+    log = EventLog(stack.client, conversation.id)
+    process = await spawn_starter(stack.dev_server, "prompt", conversation.id, "hi", "--wait")
+    await log.wait_for_type("tool_execution_start", 1)
+    log.close()
+    await conversation.handle.terminate("by the operator")
+
+    _, stderr = await asyncio.wait_for(process.communicate(), 20)
+
+    assert process.returncode == 2, stderr
+    assert f"error: Conversation {conversation.id} ended before run 1 did." in stderr.decode()
+
+
+class _Recorded:
+    """A conversation that records what the chat sends (no server)."""
+
+    id = "c"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+
+    async def approve(self, call_id: str, approved: bool, reason: str | None) -> None:
+        self.sent.append(("approve", call_id, approved, reason))
+
+    async def steer(self, text: str) -> None:
+        self.sent.append(("steer", text))
+
+    async def send_prompt(self, text: str) -> None:
+        self.sent.append(("prompt", text))
+
+    async def state(self) -> Any:
+        return SimpleNamespace(status="awaiting-approval")
+
+
+async def test_chat_yes_and_no_decide_the_oldest_call_like_y_and_n() -> None:
+    """`yes` / `no REASON` decide as `y` / `n` do (case aside): a typed
+    "yes" is not sent to the model as steering while the call goes on waiting."""
+    recorded = _Recorded()
+    chat = ChatSession(recorded)  # type: ignore[arg-type]
+    chat._renderer = EventRenderer(Console(file=io.StringIO()))
+    for call_id in ("c1", "c2"):
+        request = {"toolCallId": call_id, "toolName": "x", "args": {}, "reason": "r"}
+        chat._observe({"type": "tool_approval_request", **request})
+
+    assert await chat._act("Yes")
+    assert await chat._act("NO too risky")
+
+    assert recorded.sent == [("approve", "c1", True, None), ("approve", "c2", False, "too risky")]
+
+
+def test_chat_forgets_a_call_decided_elsewhere_once_it_ran() -> None:
+    """A call approved from another terminal runs (its ``tool_execution_end``):
+    the chat no longer asks "approve ...? y/n" for it, and a `y` goes to the
+    next waiting call, not to the decided one."""
+    chat = ChatSession(None)  # type: ignore[arg-type]  # no conversation is reached
+    chat._renderer = EventRenderer(Console(file=io.StringIO()))
+    for call_id in ("c1", "c2"):
+        request = {"toolCallId": call_id, "toolName": "x", "args": {}, "reason": "r"}
+        chat._observe({"type": "tool_approval_request", **request})
+    chat._observe(
+        {"type": "tool_execution_end", "toolCallId": "c1", "toolName": "x", "result": {}, "isError": False}
+    )
+    assert list(chat._approvals) == ["c2"]
+
+
+async def test_chat_approve_and_reject_decide_the_call_they_name() -> None:
+    """`/approve CALL_ID` approves that call, not the oldest waiting one."""
+    recorded = _Recorded()
+    chat = ChatSession(recorded)  # type: ignore[arg-type]
+    chat._renderer = EventRenderer(Console(file=io.StringIO()))
+    for call_id in ("c1", "c2", "c3"):
+        request = {"toolCallId": call_id, "toolName": "x", "args": {}, "reason": "r"}
+        chat._observe({"type": "tool_approval_request", **request})
+
+    assert await chat._act("/approve c2")
+    assert await chat._act("/reject c3 not that one")
+
+    assert recorded.sent == [("approve", "c2", True, None), ("approve", "c3", False, "not that one")]
+    assert list(chat._approvals) == ["c1"]
