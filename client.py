@@ -1151,8 +1151,9 @@ class _EventReader:
                 if wait > 0:
                     await self._cool_down(wait, run_ended)
         finally:
-            if self._run_end is not None:
+            if self._run_end is not None:  # a read made again (``follow``) waits anew
                 self._run_end.cancel()
+                self._run_end, self._run_end_wanted = None, True
 
     def _least_wait(self) -> float:
         """The least wait before the next read, for the updates sent to this run (``READ_PACING``)."""
