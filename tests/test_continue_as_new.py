@@ -9,7 +9,7 @@ from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus
 
-from client import WORKFLOW_TASK_TIMEOUT
+from client import WORKFLOW_TASK_TIMEOUT, follow
 from tests.support.stack import EventLog, Stack, outline
 from workflows.models import EventAdapter
 
@@ -114,3 +114,45 @@ async def test_every_run_hands_a_dead_workers_task_over_within_4_seconds(stack: 
         )
     assert len(timeouts) >= 3
     assert set(timeouts) == {WORKFLOW_TASK_TIMEOUT.total_seconds()} == {4}
+
+
+async def test_a_live_reader_behind_at_the_idle_switch_after_a_long_run_reads_on_without_a_gap(
+    stack: Stack,
+) -> None:
+    """A run of 210 tool calls (over 500 history events) ends, and the
+    idle conversation continues as new at once. It carried only the last
+    200 events, as if every reader had read them: a live reader still
+    behind was told events were skipped and missed up to 150 of the 210
+    `tool_execution_end` (a mutation audit). With a reader behind, the
+    switch carries as many as at a turn boundary."""
+    calls = [{"id": f"s{i}", "name": "slow", "arguments": {"seconds": 2.0}} for i in range(210)]
+    stack.script({"tool_calls": calls})
+    handle = await stack.start(prompt="work")
+    skipped: list[tuple[int, int]] = []
+    seen: list[tuple[int, str]] = []
+
+    async def read() -> None:
+        async for offset, event in follow(
+            stack.client, handle.id, 0, on_skipped=lambda a, b: skipped.append((a, b))
+        ):
+            seen.append((offset, event.get("type", "")))
+            if event.get("type") == "agent_end":
+                return
+
+    reader = asyncio.create_task(read())
+    try:
+        while sum(kind == "tool_execution_start" for _, kind in seen) < 210:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        await handle.signal("abort")
+        await asyncio.wait_for(reader, 60)
+    finally:
+        reader.cancel()
+    runs = [run async for run in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+    await handle.signal("close")
+
+    assert WorkflowExecutionStatus.CONTINUED_AS_NEW in [run.status for run in runs]  # the idle switch came
+    assert skipped == []
+    offsets = [offset for offset, _ in seen]
+    assert offsets == list(range(offsets[-1] + 1))
+    assert sum(kind == "tool_execution_end" for _, kind in seen) == 210

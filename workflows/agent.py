@@ -643,8 +643,11 @@ class AgentWorkflow:
     async def _continue_as_new(self, *, idle: bool = False) -> None:
         """Hand the whole session to a new run (at a turn boundary or idle),
         once every aborted model call has ended and every signal and update
-        handler has finished. Idle, subscribers are caught up: only the last
-        events are carried."""
+        handler has finished. Idle with every event read, only the last
+        events are carried; idle right after a run a live subscriber has not
+        read to its end (a long tool batch, then the idle switch at once),
+        as many as at a turn boundary, so it reads on without a gap. Only
+        the next run's input differs, not a command: no patch."""
         # Not switching yet while an aborted call ends (up to a heartbeat):
         # a wait_for_idle caller told to ask again then would ask in a loop.
         await self._calls.aborted_calls_ended()
@@ -652,8 +655,10 @@ class AgentWorkflow:
         self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         session = self._session
+        stream = self._stream
+        caught_up = idle and stream.tracking and stream.all_read()
         carry = session.carry(
-            self._stream.state_for_carry(IDLE_ITEMS_CARRIED if idle else STREAM_ITEMS_CARRIED),
+            stream.state_for_carry(IDLE_ITEMS_CARRIED if caught_up else STREAM_ITEMS_CARRIED),
             closed_publishers=self._stream.closed_publishers(),
         )
         next_input = SessionInput.model_validate(
