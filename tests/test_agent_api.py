@@ -5,13 +5,16 @@ the updates, signals and queries."""
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from tests.support.stack import EventLog, Stack
+from tests.test_robustness import deep, raw_json
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -377,3 +380,322 @@ async def test_state_at_the_start_names_the_workers_tools_before_they_are_record
         assert later["tools"] and early["tools"] == later["tools"]
         assert early["model"] == later["model"] == worker_env["AGENT_MODEL"]
         await handle.signal("close")
+
+
+async def test_a_start_input_object_nested_too_deep_fails_the_conversation_with_a_sentence(
+    stack: Stack,
+) -> None:
+    """An object start input (not just a list) nested past the limit is
+    refused with a sentence naming the nesting, and `state` says closed."""
+    text = '{"prompt": "hi", "messages": [{"role": "note", "data": ' + deep(200) + "}]}"
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow",
+        args=[raw_json(text)],
+        id=f"deep-start-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 30)
+    assert "nested deeper than" in str(failed.value.cause)
+    assert (await handle.query("state", result_type=dict))["status"] == "closed"
+
+
+async def test_a_prompt_of_more_than_a_hundred_messages_is_refused(stack: Stack) -> None:
+    """The largest list a prompt takes is 100 messages; the 101st is refused
+    with a sentence that says the limit (and 100 are taken)."""
+    stack.script({"text": "read them all"})
+    handle = await stack.start()
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", [f"m{i}" for i in range(101)])
+    assert "at most 100 messages" in str(refused.value.cause)
+    await handle.execute_update("prompt", [f"m{i}" for i in range(100)])
+    result = await handle.execute_update("wait_for_idle", result_type=dict)
+    assert result["stopReason"] == "stop" and len(result["messages"]) == 101
+    await handle.signal("close")
+
+
+async def test_a_steer_during_a_plain_answer_is_delivered_after_a_continue_as_new_at_that_turn(
+    stack: Stack,
+) -> None:
+    """SPEC §7: continue-as-new carries the queues "so no signal, queued
+    message ... is lost". A steer sent while the model writes an answer
+    without tool calls is injected before the next model call of the SAME
+    run, also when the run continues as new at that turn boundary (the
+    resumed run polls the steering queue as the loop would have)."""
+    stack.script({"text": "first answer", "first_delay_ms": 1500}, {"text": "answered the steer"})
+    handle = await stack.start(prompt="hi", continueAsNewAfterTurns=1)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("turn_start")
+    await handle.signal("steer", "also this")
+    events = await log.wait_for_type("agent_end", timeout=30)
+    log.close()
+    assert [e["type"] for e in events].count("agent_start") == 1
+    messages = await stack.messages(handle)
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[2].content == "also this"
+    assert messages[3].content[0].text == "answered the steer"
+    assert (await handle.query("state", result_type=dict))["steeringQueue"] == 0
+    await handle.signal("close")
+
+
+async def test_settings_configured_before_a_continue_as_new_are_in_force_after_it(stack: Stack) -> None:
+    """SPEC §7: continue-as-new carries the settings. A conversation that
+    switches after every turn keeps its model, system prompt, thinking
+    level and tools on the next run's model call (a fast check; the
+    300-turn comparison test is the only one that caught a switch dropping them)."""
+    stack.script({"tool_calls": [{"id": "e1", "name": "echo", "arguments": {"text": "x"}}]}, {"text": "done"})
+    handle = await stack.start(continueAsNewAfterTurns=1)
+    await handle.execute_update(
+        "configure", {"systemPrompt": "Be brief.", "thinkingLevel": "high", "tools": ["echo"]}
+    )
+    await handle.execute_update("prompt", "go")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("agent_end")
+    log.close()
+    first, second = stack.requests()
+    for request in (first, second):
+        assert request["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert request["reasoning_effort"] == "high"
+        assert [t["function"]["name"] for t in request["tools"]] == ["echo"]
+    state = await handle.query("state", result_type=dict)
+    assert state["systemPrompt"] == "Be brief." and state["model"] == stack.model
+    await handle.signal("close")
+
+
+async def test_close_when_idle_waits_for_a_first_run_when_started_without_a_prompt(stack: Stack) -> None:
+    """README: closeWhenIdle completes the conversation "when a run ends and
+    both queues are empty". Started without a prompt, no run has ended: the
+    conversation stays open for its first prompt and completes after it."""
+    stack.script({"text": "hello"})
+    handle = await stack.start(closeWhenIdle=True)
+    await asyncio.sleep(1.0)
+    state = await handle.query("state", result_type=dict)
+    assert state["status"] == "idle"
+    await handle.execute_update("prompt", "hi")
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert [m.role for m in result.messages] == ["user", "assistant"]
+
+
+async def test_concurrent_decisions_on_one_call_are_taken_once(stack: Stack) -> None:
+    """SPEC §9: approve_tool on an "already decided id" is refused. Several
+    decisions sent at once (two people clicking) are all answered, exactly
+    one accepted, and the call's outcome is the accepted one's: a caller
+    told "accepted" must not be overruled by a later decision."""
+    stack.script(
+        {"tool_calls": [{"id": "g1", "name": "guarded_echo", "arguments": {"text": "x"}}]}, {"text": "ok"}
+    )
+    handle = await stack.start(prompt="ask")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+    decisions = [{"toolCallId": "g1", "approved": i % 2 == 0, "reason": f"r{i}"} for i in range(6)]
+    outcomes = await asyncio.gather(
+        *(handle.execute_update("approve_tool", d) for d in decisions), return_exceptions=True
+    )
+    accepted = [d for d, o in zip(decisions, outcomes, strict=True) if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(o, WorkflowUpdateFailedError) for o in refused), refused
+    assert len(accepted) == 1, f"{len(accepted)} decisions accepted for one call"
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    end = next(e for e in events if e["type"] == "tool_execution_end")
+    assert end["isError"] == (not accepted[0]["approved"])
+    await handle.signal("close")
+
+
+async def test_clear_queues_with_no_argument_clears_both_queues(stack: Stack) -> None:
+    """README: clear_queues with "no argument for all": the follow-up queue
+    is cleared too, not only the steering one."""
+    stack.script(
+        {"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 1.5}}]}, {"text": "done"}
+    )
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.signal("follow_up", "follow one")
+    await handle.signal("steer", "steer one")
+    await asyncio.sleep(0.2)
+    removed = await handle.execute_update("clear_queues")
+    assert [m["content"] for m in removed] == ["follow one", "steer one"]
+    state = await handle.query("state")
+    assert state["steeringQueue"] == 0 and state["followUpQueue"] == 0
+    await log.wait_for_type("agent_end")
+    log.close()
+    await handle.signal("close")
+
+
+async def test_continue_returns_the_offset_its_run_starts_at_and_the_client_its_messages(
+    stack: Stack,
+) -> None:
+    """README: `continue` returns `{run, eventOffset}` as `prompt` does;
+    `Conversation.continue_()` reads its run's events from that offset, so it
+    returns the messages of the continued run, not those of an earlier one."""
+    stack.script(
+        {"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 1.0}}]}, {"text": "after tools"}
+    )
+    conversation = await stack.conversation()
+    await conversation.send_prompt("work")
+    log = EventLog(stack.client, conversation.id)
+    await log.wait_for_type("tool_execution_start")
+    await conversation.stop_after_turn()
+    await conversation.wait_for_idle()
+    log.close()
+    offset = (await conversation.state()).event_offset
+    started = await conversation.send_continue()
+    assert started.run == 2 and started.event_offset == offset
+    new = [m async for _, m in conversation.run_events(started)]
+    assert new[0]["type"] == "agent_start" and new[-1]["type"] == "agent_end"
+    ended = new[-1]["messages"]
+    assert [m["role"] for m in ended] == ["assistant"] and ended[0]["content"][0]["text"] == "after tools"
+    await conversation.handle.signal("close")
+
+
+async def test_a_user_message_sent_without_a_timestamp_is_stamped_with_workflow_time(stack: Stack) -> None:
+    """SPEC §1: a message's timestamp is ms since the epoch, from
+    workflow.now(). A user message object sent without one (prompt or steer)
+    gets the time it was taken, not 0 (1970 in every pi client)."""
+    stack.script({"text": "one"})
+    handle = await stack.start()
+    before = int(time.time() * 1000) - 60_000
+    await handle.execute_update("prompt", {"role": "user", "content": "hi"})
+    await handle.execute_update("wait_for_idle")
+    messages = await stack.messages(handle)
+    assert messages[0].role == "user" and messages[0].timestamp > before
+    await handle.signal("close")
+
+
+async def test_a_refusal_names_a_boolean_in_jsons_words(stack: Stack) -> None:
+    """Refusals say what was sent in JSON's words: `true` is "a boolean"
+    (not "a number", which Python's bool-is-int would make it)."""
+    handle = await stack.start()
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("configure", True)
+    assert str(refused.value.cause).endswith("not a boolean.")
+    await handle.signal("close")
+
+
+async def test_a_message_over_two_megabytes_is_refused_by_prompt_and_dropped_as_a_steer(stack: Stack) -> None:
+    """README (troubleshooting): a steer "over 2 MB" is dropped; a prompt
+    that large is refused with a sentence naming the limit (the existing
+    test takes either outcome)."""
+    handle = await stack.start()
+    text = "large " * 500_000  # 3 MB, compressible: it reaches the workflow
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", text)
+    assert "the limit is 2.1 MB" in str(refused.value.cause)
+    await handle.signal("steer", text)
+    await asyncio.sleep(1.0)
+    state = await handle.query("state", result_type=dict)
+    assert state["runs"] == 0 and state["messageCount"] == 0 and state["steeringQueue"] == 0
+    await handle.signal("close")
+
+
+async def test_an_abort_while_a_tool_call_streams_leaves_no_call_without_a_result(stack: Stack) -> None:
+    """SPEC §6: "A transcript never keeps a toolCall without a matching tool
+    result". The aborted message keeps the text that had streamed but not
+    the tool call that was streaming when the abort came."""
+    stack.script(
+        {
+            "text": "Let me echo.",
+            "tool_calls": [{"id": "e1", "name": "echo", "arguments": {"text": "x" * 300}}],
+            "chunk_chars": 3,
+            "delay_ms": 40,
+        }
+    )
+    handle = await stack.start(prompt="echo it")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(
+        lambda es: any(
+            e["type"] == "message_update" and e["assistantMessageEvent"]["type"].startswith("toolcall")
+            for e in es
+        )
+    )
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    messages = await stack.messages(handle)
+    last = messages[-1]
+    assert last.role == "assistant" and last.stop_reason == "aborted"
+    assert [c.type for c in last.content] == ["text"]
+    assert not any(m.role == "toolResult" for m in messages)
+    await handle.signal("close")
+
+
+async def test_tools_configured_during_a_run_apply_from_its_next_model_call(stack: Stack) -> None:
+    """SPEC §8: configure is "applied from the next model call": tools
+    changed while a run's tools execute are what its next call offers."""
+    stack.script(
+        {"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 1.0}}]}, {"text": "done"}
+    )
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    await handle.execute_update("configure", {"tools": ["echo"]})
+    await log.wait_for_type("agent_end")
+    log.close()
+    first, second = stack.requests()
+    assert "echo" in [t["function"]["name"] for t in first["tools"]] and len(first["tools"]) > 1
+    assert [t["function"]["name"] for t in second["tools"]] == ["echo"]
+    await handle.signal("close")
+
+
+async def test_a_reused_tool_call_id_gets_a_new_idempotency_key_after_a_continue_as_new(stack: Stack) -> None:
+    """A model that reuses call ids (`call_0` every turn) must never hand a
+    tool the same idempotency key twice, also when the turns are in two runs
+    of the conversation (the key then names the run): a tool deduplicating
+    by key would skip the second call."""
+    stack.script(
+        {"tool_calls": [{"id": "call_0", "name": "whoami", "arguments": {}}]},
+        {"tool_calls": [{"id": "call_0", "name": "whoami", "arguments": {}}]},
+        {"text": "ok"},
+    )
+    handle = await stack.start(prompt="who", continueAsNewAfterTurns=1)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("agent_end")
+    log.close()
+    keys = [m.details["key"] for m in await stack.messages(handle) if m.role == "toolResult"]
+    assert len(keys) == 2 and keys[0] == f"{handle.id}/tool-call_0"
+    assert keys[0] != keys[1], keys
+    await handle.signal("close")
+
+
+async def test_calls_of_a_large_batch_not_started_at_an_abort_never_run(stack: Stack) -> None:
+    """SPEC §6: an abort during tools gives every unfinished call the error
+    result `Tool execution aborted`. In a batch larger than the 200 tool
+    activities run at once, the calls still waiting for a slot at the abort
+    must not start afterwards (a tool with side effects would run after
+    the person pressed stop)."""
+    calls = [{"id": f"s{i}", "name": "slow", "arguments": {"seconds": 2.0}} for i in range(210)]
+    stack.script({"tool_calls": calls})
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start", count=210)
+    await asyncio.sleep(0.5)
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end", timeout=60)
+    log.close()
+    results = [m for m in await stack.messages(handle) if m.role == "toolResult"]
+    assert len(results) == 210
+    texts = {m.content[0].text for m in results}
+    assert texts == {"Tool execution aborted"}, sorted(texts)
+    await handle.signal("close")
+
+
+async def test_an_aborted_message_keeps_the_timestamp_its_message_start_showed(stack: Stack) -> None:
+    """The aborted assistant message in the transcript (and its message_end)
+    is the message whose message_start subscribers saw: same timestamp (pi
+    stamps a message once, when the request is made), so a client that keys
+    messages by timestamp does not see two."""
+    stack.script({"text": "word " * 200, "chunk_chars": 5, "delay_ms": 40})
+    handle = await stack.start(prompt="talk")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_until(lambda es: sum(e["type"] == "message_update" for e in es) > 3)
+    await asyncio.sleep(1.2)  # the abort comes a while after the request
+    await handle.signal("abort")
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    started = [e for e in events if e["type"] == "message_start" and e["message"]["role"] == "assistant"]
+    ended = [e for e in events if e["type"] == "message_end" and e["message"]["role"] == "assistant"]
+    assert ended[-1]["message"]["stopReason"] == "aborted"
+    last = (await stack.messages(handle))[-1]
+    assert last.timestamp == started[-1]["message"]["timestamp"] == ended[-1]["message"]["timestamp"]
+    await handle.signal("close")
