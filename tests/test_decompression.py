@@ -16,6 +16,7 @@ import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import RawValue
+from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
 from codec_server import CodecSettings, build_app
@@ -223,11 +224,9 @@ async def test_a_control_payload_leaves_the_codec_plain_and_unmarked() -> None:
     assert dict(other.metadata) == {"encoding": b"binary/zlib"}  # the same JSON as a plain dict is compressed
 
 
-async def test_the_codec_server_counts_stored_payloads_against_the_request_budget(tmp_path: Path) -> None:
-    """A reference is a few hundred bytes and its stored payload any size,
-    compressed or not (a control payload never is): 50 references to a
-    1 MB payload (16 KB sent) came back as 66 MB, past a 1 MiB budget (a
-    UI audit). They count, as compressed payloads do."""
+async def _stored_600_kb(tmp_path: Path) -> tuple[DataConverter, Payload]:
+    """A converter storing payloads of 4 KB or more in ``tmp_path`` (1 MiB
+    decode budget), and its reference to a stored 600 KB payload."""
     settings = Settings(
         storage="file",
         storage_dir=tmp_path,
@@ -237,6 +236,15 @@ async def test_the_codec_server_counts_stored_payloads_against_the_request_budge
     )
     converter = data_converter(settings)
     [reference] = await converter.encode([os.urandom(300_000).hex()])  # 600 KB
+    return converter, reference
+
+
+async def test_the_codec_server_counts_stored_payloads_against_the_request_budget(tmp_path: Path) -> None:
+    """A reference is a few hundred bytes and its stored payload any size,
+    compressed or not (a control payload never is): 50 references to a
+    1 MB payload (16 KB sent) came back as 66 MB, past a 1 MiB budget (a
+    UI audit). They count, as compressed payloads do."""
+    converter, reference = await _stored_600_kb(tmp_path)
     assert reference.metadata["encoding"] == b"json/protobuf" and reference.ByteSize() < 1000
     async with serving(build_app(converter, CodecSettings(max_decompressed_bytes=MiB))) as url:
         status, text = await Endpoint(url).call("decode", as_json([reference]))
@@ -248,15 +256,7 @@ async def test_the_codec_server_counts_stored_payloads_against_the_request_budge
 async def test_two_stored_payloads_just_past_the_request_budget_are_refused(tmp_path: Path) -> None:
     """The request's payloads decode within AGENT_MAX_DECOMPRESSED_BYTES
     together: two of 600 KB each under a 1 MiB budget pass it (by 0.15 MB)."""
-    settings = Settings(
-        storage="file",
-        storage_dir=tmp_path,
-        storage_threshold=4096,
-        max_decompressed_bytes=MiB,
-        compress_threshold=None,
-    )
-    converter = data_converter(settings)
-    [reference] = await converter.encode([os.urandom(300_000).hex()])  # 600 KB
+    converter, reference = await _stored_600_kb(tmp_path)
     async with serving(build_app(converter, CodecSettings(max_decompressed_bytes=MiB))) as url:
         status, _ = await Endpoint(url).call("decode", as_json([reference]))
         assert status == 200
