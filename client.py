@@ -121,6 +121,9 @@ _ENDINGS = {
     WorkflowExecutionStatus.CANCELED: "was cancelled",
 }
 _ENDING_TIMEOUT = timedelta(seconds=5)
+# The server's answer to a query of a run that ended (a terminate, a timeout)
+# before any worker took its first task: it has published nothing.
+_NEVER_RAN = "closed before WorkflowTaskStarted"
 _ENCODED = "Encoded failure"
 
 
@@ -1211,7 +1214,12 @@ class _EventReader:
 
     async def _read(self) -> PollResult | None:
         if self._ended is not None:
-            return await self._ended.query(POLL_UPDATE, self._poll(), result_type=PollResult)
+            try:
+                return await self._ended.query(POLL_UPDATE, self._poll(), result_type=PollResult)
+            except RPCError as err:
+                if err.status != RPCStatusCode.FAILED_PRECONDITION or _NEVER_RAN not in err.message:
+                    raise
+                return PollResult(next_offset=self.offset)  # ended before its first task: no event
         if self._by_query:
             with contextlib.suppress(WorkflowQueryFailedError, RPCError):
                 result = await self._handle.query(

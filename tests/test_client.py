@@ -509,6 +509,27 @@ async def test_a_cancelled_request_is_the_callers_cancellation_and_is_kept(
             stop_process(worker)
 
 
+async def test_a_conversation_ended_before_its_first_task_has_no_events(client: Client) -> None:
+    """Terminated before any worker took its first task (here: none runs on
+    its task queue), a conversation has published nothing: its events end
+    at once. A reader waited, then failed with the server's "Workflow
+    execution closed before WorkflowTaskStarted event" (a console look)."""
+    handle = await client.start_workflow(
+        "AgentWorkflow", {}, id=f"never-ran-{uuid.uuid4().hex[:8]}", task_queue=f"none-{uuid.uuid4().hex[:6]}"
+    )
+    await handle.terminate("by the operator")
+    chat = Conversation.attach(client, handle.id)
+
+    events = await asyncio.wait_for(_all_events(chat), 10)
+
+    assert events == []
+    assert await chat.how_it_ended() == "The conversation was terminated."
+
+
+async def _all_events(chat: Conversation) -> list[dict[str, Any]]:
+    return [event async for _, event in chat.events(0)]
+
+
 async def test_an_update_aborted_by_a_failed_workflow_task_is_made_again(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
