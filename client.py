@@ -768,6 +768,11 @@ class Conversation:
                 detail = detail.split("; the conversation goes on once")[0]
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
+            if err.status == RPCStatusCode.FAILED_PRECONDITION and _NEVER_RAN in err.message:
+                raise ConversationNotFound(
+                    f"Conversation {self.id} {await self._how_it_ended()} before any worker took it: it has "
+                    "no state or messages; start a new one."
+                ) from err
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             if "completed" in err.message:

@@ -524,6 +524,10 @@ async def test_a_conversation_ended_before_its_first_task_has_no_events(client: 
 
     assert events == []
     assert await chat.how_it_ended() == "The conversation was terminated."
+    with pytest.raises(
+        ConversationNotFound, match=rf"^Conversation {handle.id} was terminated before any worker"
+    ):
+        await chat.state()
 
 
 async def _all_events(chat: Conversation) -> list[dict[str, Any]]:
