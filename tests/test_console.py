@@ -34,7 +34,7 @@ from client import Conversation
 from console.above_prompt import AbovePromptWriter
 from console.chat import ChatSession
 from console.render import EventRenderer
-from testbed.local_stack import DevServer
+from testbed.local_stack import DevServer, start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 from tests.support.tools import guarded_call
 from workflows.contract import SessionState
@@ -1205,19 +1205,36 @@ async def test_watch_of_a_failed_conversation_says_why_it_failed(stack: Stack) -
 
 
 async def test_watch_of_an_ended_conversation_no_worker_can_replay_says_what_it_waits_for(
-    stack: Stack,
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
 ) -> None:
     """Its events are read by a query a worker answers: with none on its task
-    queue, `watch` printed nothing at all (a README audit waited 30 s)."""
-    handle = await stack.client.start_workflow(
-        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    queue, `watch` printed nothing at all (a README audit waited 30 s). One
+    that ended before any worker took it has no events to replay: `watch`
+    says how it ended at once."""
+    task_queue = f"gone-{uuid.uuid4().hex[:6]}"
+    worker = start_worker(
+        {**worker_env, "TEMPORAL_TASK_QUEUE": task_queue}, [], artifacts / "gone-worker.log"
     )
+    try:
+        handle = await stack.client.start_workflow(
+            "AgentWorkflow", {}, id=f"gone-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+        )
+        await Conversation.attach(stack.client, handle.id).state()  # its first task ran
+    finally:
+        stop_process(worker)
     await handle.terminate("test")
     line = await _first_note_of_watch(stack, handle.id, 20)
     assert line.decode().startswith(
         "note: nothing read yet: the conversation has ended, and reading its events needs a worker on "
-        "task queue 'no-worker-here' to replay it; waiting for one."
+        f"task queue '{task_queue}' to replay it; waiting for one."
     ), line
+
+    never_ran = await stack.client.start_workflow(
+        "AgentWorkflow", {}, id=f"nobody-{uuid.uuid4().hex[:8]}", task_queue="no-worker-here"
+    )
+    await never_ran.terminate("test")
+    code, stdout = await asyncio.wait_for(starter(stack.dev_server, "watch", never_ran.id), 20)
+    assert (code, stdout.strip()) == (0, "The conversation was terminated.")
 
 
 async def _first_note_of_watch(stack: Stack, conversation_id: str, timeout: float) -> bytes:
