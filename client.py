@@ -121,10 +121,15 @@ _ENDINGS = {
     WorkflowExecutionStatus.CANCELED: "was cancelled",
 }
 _ENDING_TIMEOUT = timedelta(seconds=5)
-# The server's answer to a query of a run that ended (a terminate, a timeout)
-# before any worker took its first task: it has published nothing.
-_NEVER_RAN = "closed before WorkflowTaskStarted"
 _ENCODED = "Encoded failure"
+
+
+def _never_ran(err: RPCError) -> bool:
+    """The server's answer to a query of a run that ended (a terminate, a
+    timeout) before any worker took its first task: it has published nothing."""
+    return (
+        err.status == RPCStatusCode.FAILED_PRECONDITION and "closed before WorkflowTaskStarted" in err.message
+    )
 
 
 def _readable(message: str) -> str:
@@ -768,7 +773,7 @@ class Conversation:
                 detail = detail.split("; the conversation goes on once")[0]
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
-            if err.status == RPCStatusCode.FAILED_PRECONDITION and _NEVER_RAN in err.message:
+            if _never_ran(err):
                 raise ConversationNotFound(
                     f"Conversation {self.id} {await self._how_it_ended()} before any worker took it: it has "
                     "no state or messages; start a new one."
@@ -1222,7 +1227,7 @@ class _EventReader:
             try:
                 return await self._ended.query(POLL_UPDATE, self._poll(), result_type=PollResult)
             except RPCError as err:
-                if err.status != RPCStatusCode.FAILED_PRECONDITION or _NEVER_RAN not in err.message:
+                if not _never_ran(err):
                     raise
                 return PollResult(next_offset=self.offset)  # ended before its first task: no event
         if self._by_query:

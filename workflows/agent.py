@@ -652,14 +652,13 @@ class AgentWorkflow:
         # a wait_for_idle caller told to ask again then would ask in a loop.
         await self._calls.aborted_calls_ended()
         self._switching = True  # wait_for_idle callers are told to ask again
-        self._stream.detach_pollers()
+        stream, session = self._stream, self._session
+        stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        session = self._session
-        stream = self._stream
         caught_up = idle and stream.tracking and stream.all_read()
         carry = session.carry(
             stream.state_for_carry(IDLE_ITEMS_CARRIED if caught_up else STREAM_ITEMS_CARRIED),
-            closed_publishers=self._stream.closed_publishers(),
+            closed_publishers=stream.closed_publishers(),
         )
         next_input = SessionInput.model_validate(
             {**session.settings.model_dump(), "messages": session.messages, "carry": carry}
