@@ -12,6 +12,7 @@ guarded with ``workflow.patched`` (see the README).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import uuid
@@ -19,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.service import RPCError
 
 import activities.builtin_tools  # noqa: F401
 import tests.support.tools  # noqa: F401
@@ -436,6 +438,26 @@ async def hook_abort(client: Client, server: ScriptedModelServer, model: str) ->
     return handle
 
 
+async def approval_configure(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """``configure`` sets approvalTimeoutSeconds while a call waits, past
+    the new deadline: it times out at once (approval-timeout-follows-configure;
+    before, the wait went on and the approval sent next ran it)."""
+    server.script(model, [{"tool_calls": [call("w", "guarded_echo", text="wait")]}, {"text": "done"}])
+    handle = await start(client, model, prompt="ask", closeWhenIdle=True)
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+    await asyncio.sleep(1.5)
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": 1})
+    # Refused once the wait timed out (or the conversation, idle, has closed).
+    with contextlib.suppress(WorkflowUpdateFailedError, RPCError):
+        await handle.execute_update("approve_tool", {"toolCallId": "w", "approved": True})
+    await handle.result()
+    log.close()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -457,6 +479,7 @@ SCENARIOS: dict[str, Scenario] = {
     "long_tool_batch": long_tool_batch,
     "abort_before_switch": abort_before_switch,
     "hook_abort": hook_abort,
+    "approval_configure": approval_configure,
 }
 
 

@@ -120,6 +120,59 @@ async def test_an_approval_times_out_and_an_abort_ends_the_wait(stack: Stack) ->
     await handle.signal("close")
 
 
+async def test_a_timeout_configured_while_a_call_waits_times_it_out_from_its_request(stack: Stack) -> None:
+    """approvalTimeoutSeconds set by ``configure`` reaches calls already
+    waiting, counted from each call's request (SPEC §9: a configure setting)."""
+    stack.script({"tool_calls": [call("t1", "guarded_echo", text="waits")]}, {"text": "ok"})
+    handle = await stack.start(prompt="ask")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+    await asyncio.sleep(1.2)  # longer than the timeout about to be set
+    loop = asyncio.get_running_loop()
+    configured = loop.time()
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": 1})
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    assert loop.time() - configured < 5  # its deadline had passed: at once, not 1 s from the configure
+    ended = next(e for e in events if e["type"] == "tool_execution_end")
+    assert ended["isError"]
+    assert ended["result"]["content"][0]["text"] == "Tool call guarded_echo was not approved within 1 s."
+    assert (await handle.query("state"))["pendingApprovals"] == []
+    await handle.signal("close")
+
+
+async def test_a_timeout_raised_or_cleared_while_calls_wait_lets_them_wait_on(stack: Stack) -> None:
+    stack.script(
+        {
+            "tool_calls": [
+                call("r1", "guarded_echo", text="raised"),
+                call("c1", "guarded_echo", text="cleared"),
+            ]
+        },
+        {"text": "both ran"},
+    )
+    handle = await stack.start(prompt="ask", approvalTimeoutSeconds=2)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request", count=2)
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": 600})
+    await asyncio.sleep(2.5)  # past the first deadline
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": None})
+    await asyncio.sleep(0.5)
+    state = await handle.query("state")
+    assert [a["toolCallId"] for a in state["pendingApprovals"]] == ["r1", "c1"]
+    await handle.execute_update("approve_tool", {"toolCallId": "r1", "approved": True})
+    await handle.execute_update("approve_tool", {"toolCallId": "c1", "approved": True})
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    texts = {
+        e["toolCallId"]: e["result"]["content"][0]["text"]
+        for e in events
+        if e["type"] == "tool_execution_end"
+    }
+    assert texts == {"r1": "approved: raised", "c1": "approved: cleared"}
+    await handle.signal("close")
+
+
 async def test_a_wait_survives_a_killed_worker(stack: Stack, workers: Workers) -> None:  # noqa: F811
     queue = workers.env["TEMPORAL_TASK_QUEUE"]
     script = [BATCH, {"text": "all decided"}]

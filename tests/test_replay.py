@@ -51,7 +51,8 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # aborted model calls were carried across continue-as-new (v10); with the
 # eighth, before a run waited for its aborted model call to end before
 # continuing as new or completing (v11); with the ninth, before an abort
-# ended a hook's wait (v12).
+# ended a hook's wait (v12); with the tenth, before a call waiting for
+# approval followed a configured approvalTimeoutSeconds (v13).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -62,6 +63,7 @@ V9 = sorted((ROOT / "v9").glob("*.json"))
 V10 = sorted((ROOT / "v10").glob("*.json"))
 V11 = sorted((ROOT / "v11").glob("*.json"))
 V12 = sorted((ROOT / "v12").glob("*.json"))
+V13 = sorted((ROOT / "v13").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -86,10 +88,12 @@ def test_there_are_recorded_histories() -> None:
         "long_tool_batch",  # 1,001 tool calls in one answer
         "abort_before_switch",  # an aborted call's late deltas reach the next run
         "hook_abort",  # an abort while a before_tool_call hook waits on a timer
+        "approval_configure",  # approvalTimeoutSeconds configured while a call waits
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
     assert {_stem(p) for p in CURRENT} - {
+        "approval_configure",
         "hook_abort",
         "abort_before_switch",
         "busy_subscriber",
@@ -104,6 +108,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
     assert {_stem(p) for p in CURRENT} - {
+        "approval_configure",
         "hook_abort",
         "abort_before_switch",
         "abort_at_start",
@@ -118,6 +123,7 @@ def test_there_are_recorded_histories() -> None:
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
     assert {_stem(p) for p in CURRENT} - {
+        "approval_configure",
         "big_tool_arguments",
         "long_tool_batch",
         "abort_before_switch",
@@ -127,26 +133,39 @@ def test_there_are_recorded_histories() -> None:
     # tool-argument-bytes patches too (their old paths: completed by
     # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
     # once, whatever their arguments' size).
-    assert {_stem(p) for p in CURRENT} - {"long_tool_batch", "abort_before_switch", "hook_abort"} <= {
-        _stem(p) for p in V7
-    }
+    assert {_stem(p) for p in CURRENT} - {
+        "long_tool_batch",
+        "abort_before_switch",
+        "hook_abort",
+        "approval_configure",
+    } <= {_stem(p) for p in V7}
     # Every scenario, recorded before the abort-over-stop patch too (its old
     # path changes events, not commands: tests/test_agent_loop.py runs it).
-    assert {_stem(p) for p in CURRENT} - {"long_tool_batch", "abort_before_switch", "hook_abort"} <= {
-        _stem(p) for p in V8
-    }
+    assert {_stem(p) for p in CURRENT} - {
+        "long_tool_batch",
+        "abort_before_switch",
+        "hook_abort",
+        "approval_configure",
+    } <= {_stem(p) for p in V8}
     # Every scenario, recorded before the tool-batch-in-parts patch too (its
     # old path: all 1,001 calls of long_tool_batch in one workflow task).
-    assert {_stem(p) for p in CURRENT} - {"abort_before_switch", "hook_abort"} <= {_stem(p) for p in V9}
+    assert {_stem(p) for p in CURRENT} - {"abort_before_switch", "hook_abort", "approval_configure"} <= {
+        _stem(p) for p in V9
+    }
     # Every scenario, recorded before drop-carried-publishers too (its old
     # path: the late deltas published in the next run).
-    assert {_stem(p) for p in CURRENT} - {"abort_before_switch", "hook_abort"} <= {_stem(p) for p in V10}
+    assert {_stem(p) for p in CURRENT} - {"abort_before_switch", "hook_abort", "approval_configure"} <= {
+        _stem(p) for p in V10
+    }
     # Every scenario, recorded before await-aborted-model-call too (its old
     # path: abort_before_switch continued as new before its call ended).
-    assert {_stem(p) for p in CURRENT} - {"hook_abort"} <= {_stem(p) for p in V11}
+    assert {_stem(p) for p in CURRENT} - {"hook_abort", "approval_configure"} <= {_stem(p) for p in V11}
     # Every scenario, recorded before abortable-hooks too (its old path:
     # hook_abort's abort waited for the hook's timer to fire).
-    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V12}
+    assert {_stem(p) for p in CURRENT} - {"approval_configure"} <= {_stem(p) for p in V12}
+    # Every scenario, recorded before approval-timeout-follows-configure too
+    # (its old path: approval_configure's call waited on and was approved).
+    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V13}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -165,8 +184,11 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1],
+    CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    ids=[
+        str(p.relative_to(ROOT))
+        for p in CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
+    ],
 )
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
@@ -174,8 +196,8 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4],
+    CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a

@@ -402,6 +402,32 @@ async def test_three_thousand_calls_waiting_for_approval_at_once_do_not_wedge_it
     await handle.signal("close")
 
 
+async def test_a_timeout_configured_while_three_thousand_calls_wait_reaches_them_all(stack: Stack) -> None:
+    """Each waiting call sets its timer again when approvalTimeoutSeconds
+    changes: 3,000 of them in one workflow task (cancel and start) stay
+    under the SDK's deadlock check and gRPC's message size (the history
+    guard fails this test on any WorkflowTaskFailed)."""
+    calls = [call(f"g{i}", "guarded_echo", text=str(i)) for i in range(3000)]
+    stack.script({"tool_calls": calls, "chunk_chars": 4000}, {"text": "all timed out"})
+    handle = await stack.start(prompt="ask for everything", approvalTimeoutSeconds=600)
+    for _ in range(600):
+        state = await handle.query("state")
+        if len(state["pendingApprovals"]) == 3000:
+            break
+        await asyncio.sleep(0.1)
+    assert len(state["pendingApprovals"]) == 3000
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": 900})
+    await handle.execute_update("configure", {"approvalTimeoutSeconds": 1})
+    idle = await asyncio.wait_for(wait_for_idle(handle), 120)
+    results = [m for m in idle["messages"] if m["role"] == "toolResult"]
+    assert len(results) == 3000
+    assert {r["content"][0]["text"] for r in results} == {
+        "Tool call guarded_echo was not approved within 1 s."
+    }
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+
 async def test_fifteen_hundred_waiting_calls_continue_as_new_together(stack: Stack) -> None:
     """Continue-as-new falls due while every call of a batch waits for a
     person: every waiting call woke for it and built the carry, which at

@@ -147,6 +147,12 @@ TOOL_BATCH_IN_PARTS_PATCH = "tool-batch-in-parts"
 # ends at an abort: its task is cancelled and the call is aborted; before
 # this patch the abort waited for the hook, forever for one that never ends.
 ABORTABLE_HOOKS_PATCH = "abortable-hooks"
+# A call waiting for approval follows ``configure`` of approvalTimeoutSeconds:
+# its deadline is counted again from its request (at once if that has passed;
+# never when the setting is cleared). Before this patch a wait kept the
+# timeout in force when it began, so a timeout set while calls waited did not
+# reach them.
+APPROVAL_TIMEOUT_FOLLOWS_PATCH = "approval-timeout-follows-configure"
 
 
 DETAILS_ITEMS = 10
@@ -510,20 +516,23 @@ class AgentWorkflow:
             )
             self._update_details()
         deadline = waiting.deadline_ms if waiting is not None else None
+        follows = waiting is not None and self._versions.has(APPROVAL_TIMEOUT_FOLLOWS_PATCH)
+        if follows:  # a wait resumed after continue-as-new, under the timeout now in force
+            deadline = self._follow_approval_timeout(waiting)
         try:
             while True:
                 left = None if deadline is None else max(0, deadline - self._now_ms()) / 1000
                 await workflow.wait_condition(
-                    lambda: (
-                        call.id in session.decisions
-                        or session.abort_requested
-                        or self._switch_while_waiting()
-                    ),
+                    self._approval_wait_ends(call.id, follows, timeout),
                     timeout=None if left is None else timedelta(seconds=left),
                     timeout_summary=f"approval of {call.name}",
                 )
                 if call.id in session.decisions or session.abort_requested:
                     break
+                if follows and session.settings.approval_timeout_seconds != timeout:
+                    deadline = self._follow_approval_timeout(waiting)
+                    timeout = session.settings.approval_timeout_seconds
+                    continue
                 if self._switching:
                     # Every waiting call woke for the switch at once; the first
                     # one carries the batch over (building the carry once per
@@ -548,6 +557,27 @@ class AgentWorkflow:
         reason = (decision.reason or "").strip()  # a blank reason is none
         because = f": {reason}" if reason else "."
         return ApprovalDecision(False, f"Tool call {call.name} was rejected{because}")
+
+    def _approval_wait_ends(self, call_id: str, follows: bool, timeout: float | None) -> Callable[[], bool]:
+        """When a call's wait for approval ends: decided, aborted, a switch
+        due, or (``follows``) approvalTimeoutSeconds other than ``timeout``,
+        the one the wait was set with."""
+        session = self._session
+        return lambda: (
+            call_id in session.decisions
+            or session.abort_requested
+            or self._switch_while_waiting()
+            or (follows and session.settings.approval_timeout_seconds != timeout)
+        )
+
+    def _follow_approval_timeout(self, waiting: WaitingCall | None) -> int | None:
+        """The waiting call's deadline under the approvalTimeoutSeconds now in
+        force, counted from its request (kept in ``waiting``: the carry and
+        the next run's wait see it)."""
+        assert waiting is not None and waiting.requested_ms is not None
+        timeout = self._session.settings.approval_timeout_seconds
+        waiting.deadline_ms = waiting.requested_ms + int(timeout * 1000) if timeout else None
+        return waiting.deadline_ms
 
     def _record_approval(self, tool: str, outcome: str, waiting: WaitingCall | None) -> None:
         """Metrics (replay-safe: the SDK emits nothing while replaying)."""
@@ -734,7 +764,8 @@ class AgentWorkflow:
     @workflow.update(name="configure")
     async def configure(self, *args: Any) -> SettingsInForce:
         """Change settings (model, system prompt, thinking level, tools, queue
-        modes, limits); they apply from the next model call or queue poll."""
+        modes, limits); they apply from the next model call or queue poll
+        (approvalTimeoutSeconds to the calls already waiting too)."""
         session = self._session
         # Tool names are checked against the worker's declarations, recorded
         # when the conversation starts: a configure right after the start waits for them.

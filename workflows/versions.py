@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-j"
+CURRENT = "agent-2026-12-k"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -35,8 +35,10 @@ _F = _E | {"abort-over-stop"}
 _G = _F | {"tool-batch-in-parts"}
 _H = _G | {"drop-carried-publishers"}
 _I = _H | {"await-aborted-model-call"}
+_J = _I | {"abortable-hooks"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-j": _J,
     "agent-2026-12-i": _I,
     "agent-2026-12-h": _H,
     "agent-2026-12-g": _G,
