@@ -1425,19 +1425,21 @@ def test_watch_refuses_offset_minus_one(capsys: pytest.CaptureFixture[str]) -> N
 
 async def test_starter_stop_ends_the_run_after_its_turn_not_aborted(stack: Stack) -> None:
     """`stop ID` lets the current turn finish (its tool result is kept);
-    it does not abort it."""
-    slow = {"name": "slow", "arguments": {"seconds": 2}}
-    stack.script({"tool_calls": [{"id": "call_stop", **slow}]}, {"text": "not asked"})
+    it does not abort it. (The call waits for approval until the stop is
+    in: a timed tool raced the CLI's start on a loaded machine.)"""
+    guarded = {"name": "guarded_echo", "arguments": {"text": "kept"}}
+    stack.script({"tool_calls": [{"id": "call_stop", **guarded}]}, {"text": "not asked"})
     conversation = await stack.conversation()
     log = EventLog(stack.client, conversation.id)
-    await conversation.prompt("run the slow tool", wait=False)
-    await log.wait_for_type("tool_execution_start", 1)
+    await conversation.prompt("run the guarded tool", wait=False)
+    await log.wait_for_type("tool_approval_request", 1)
     log.close()
 
     assert await starter(stack.dev_server, "stop", conversation.id) == (
         0,
         f"sent stop_after_turn to {conversation.id}\n",
     )
+    await conversation.approve("call_stop")
     idle = await conversation.wait_for_idle()
 
     assert idle.stop_reason != "aborted"
