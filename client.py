@@ -594,9 +594,10 @@ class Conversation:
 
     async def state(self) -> SessionState:
         """Status, settings in force, the transcript, queues, pending
-        approvals, counters, usage. ``closed`` for a conversation that has ended however it did:
-        one terminated mid-run (by the server past its history limit, or by
-        an operator) answered ``running`` for good, as its history left it."""
+        approvals, counters, usage. ``closed`` for a conversation that has
+        ended however it did: one terminated mid-run (by the server past its
+        history limit, or by an operator) answered ``running`` for good, as
+        its history left it."""
         async with self._refusals():
             state: SessionState = await self._query("state", SessionState)
         if state.status != "closed" and await self._has_ended():
