@@ -12,7 +12,6 @@ makes Temporal run the tool's side effect again.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -136,10 +135,8 @@ class ToolActivities:
                     outcome = self._bounded(
                         _as_outcome(await spec.function(args)), info.workflow_id or "", key
                     )
-                except asyncio.CancelledError:
-                    raise
                 except BaseException as err:  # the model sees the failure as an error result
-                    if not is_user_failure(err):
+                    if not is_user_failure(err):  # the activity's cancellation, among others
                         raise
                     # SystemExit and the like too: going up, they stopped the worker process.
                     outcome = _error(failure_text(err))

@@ -326,6 +326,26 @@ async def test_tool_errors_become_error_results(stack: Stack) -> None:
     assert scheduled.count("execute_tool") == 1
 
 
+async def test_a_tool_raising_cancelled_error_itself_gets_an_error_result_and_runs_once(stack: Stack) -> None:
+    """Nobody cancelled it: the CancelledError is the tool's failure, as any
+    exception. Re-raised, it failed the activity, Temporal ran the tool
+    three times (its side effects too), and the model read the SDK's text."""
+    stack.script({"tool_calls": [call("c1", "cancels_itself")]}, {"text": "noted"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    messages = (await handle.result()).messages
+    result = next(m for m in messages if m.role == "toolResult")
+    assert result.is_error and result.content[0].text == "a library's own cancellation"
+    assert messages[-1].text == "noted"
+    history = await handle.fetch_history()
+    started = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert [s.attempt for s in started] == [1, 1, 1]  # two model calls and the tool, each run once
+    assert not [e for e in history.events if e.HasField("activity_task_failed_event_attributes")]
+
+
 async def test_length_truncated_tool_calls_are_not_executed(stack: Stack) -> None:
     stack.script(
         {"tool_calls": [call("l1", "explode")], "finish_reason": "length"},

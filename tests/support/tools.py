@@ -62,6 +62,11 @@ async def explode(args: NoArgs) -> str:
     raise RuntimeError("the tool blew up")
 
 
+@tool(description="Raises asyncio.CancelledError itself, as a library leaking a cancellation might.")
+async def cancels_itself(args: NoArgs) -> str:
+    raise asyncio.CancelledError("a library's own cancellation")
+
+
 class ExitArgs(BaseModel):
     code: int = 1
 
