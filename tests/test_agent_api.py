@@ -677,15 +677,17 @@ async def test_calls_of_a_large_batch_not_started_at_an_abort_never_run(stack: S
     result `Tool execution aborted`. In a batch larger than the 200 tool
     activities run at once, the calls still waiting for a slot at the abort
     must not start afterwards (a tool with side effects would run after
-    the person pressed stop)."""
-    calls = [{"id": f"s{i}", "name": "slow", "arguments": {"seconds": 2.0}} for i in range(210)]
+    the person pressed stop). The tools outlast the test's own waits: with
+    2 s ones, on a loaded machine a tool started first ended before the
+    abort landed."""
+    calls = [{"id": f"s{i}", "name": "slow", "arguments": {"seconds": 20.0, "steps": 20}} for i in range(210)]
     stack.script({"tool_calls": calls})
     handle = await stack.start(prompt="work")
     log = EventLog(stack.client, handle.id)
     await log.wait_for_type("tool_execution_start", count=210)
     await asyncio.sleep(0.5)
     await handle.signal("abort")
-    await log.wait_for_type("agent_end", timeout=60)
+    await log.wait_for_type("agent_end", timeout=90)
     log.close()
     results = [m for m in await stack.messages(handle) if m.role == "toolResult"]
     assert len(results) == 210

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_loop import FakeAgent, calls, say, user
+from workflows.arguments import MAX_NESTING, ToolArgumentsError, validate_tool_arguments
 from workflows.hooks import (
     AgentHooks,
     BlockToolCall,
@@ -20,7 +21,7 @@ from workflows.hooks import (
     TurnContext,
 )
 from workflows.loop import TOOL_CALLS_PER_PART, ApprovalDecision, run_agent_loop, run_loop
-from workflows.models import ToolOutcome, text_result
+from workflows.models import ToolDeclaration, ToolOutcome, text_result
 
 
 async def echo(args: dict[str, Any]) -> str:
@@ -690,3 +691,76 @@ async def test_prompts_a_continue_drained_from_a_queue_name_it() -> None:
     )
     starts = [e for e in fake.events if e["type"] == "message_start"]
     assert starts[0]["message"]["content"] == "steer" and starts[0]["queue"] == "steering"
+
+
+def declared(**properties: Any) -> ToolDeclaration:
+    return ToolDeclaration(name="t", parameters={"type": "object", "properties": properties})
+
+
+def test_arguments_nested_deeper_than_the_workflow_decodes_are_refused() -> None:
+    deep: Any = "leaf"
+    for _ in range(MAX_NESTING):
+        deep = {"d": deep}
+    said = f'Validation failed for tool "t": the arguments are nested deeper than {MAX_NESTING} levels.'
+    with pytest.raises(ToolArgumentsError) as refused:
+        validate_tool_arguments(declared(), {"d": deep})
+    assert str(refused.value) == said
+
+
+def test_a_schema_the_validator_cannot_read_accepts_any_object() -> None:
+    """The tool's own model validates again in the activity."""
+    tool = declared(a={"type": "no-such-type"})
+    assert validate_tool_arguments(tool, {"a": 1, "b": "x"}) == {"a": 1, "b": "x"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "sent", "received"),
+    [
+        ("number", "3", 3),
+        ("number", "2.5", 2.5),
+        ("integer", " 7 ", 7),
+        ("boolean", "false", False),
+        ("string", 12, "12"),
+    ],
+)
+def test_scalars_are_coerced_to_the_type_the_schema_asks_for(kind: str, sent: Any, received: Any) -> None:
+    checked = validate_tool_arguments(declared(v={"type": kind}), {"v": sent})
+    assert checked == {"v": received} and type(checked["v"]) is type(received)
+
+
+@pytest.mark.parametrize(
+    ("kind", "sent"),
+    [
+        ("number", "nan"),
+        ("number", "inf"),
+        ("integer", "3.0"),
+        ("integer", 3.5),
+        ("boolean", "yes"),
+        ("string", True),
+    ],
+)
+def test_a_scalar_that_is_not_the_type_asked_for_is_refused_not_guessed(kind: str, sent: Any) -> None:
+    with pytest.raises(ToolArgumentsError, match=f"  - v: .* is not of type '{kind}'"):
+        validate_tool_arguments(declared(v={"type": kind}), {"v": sent})
+
+
+def test_a_filled_in_default_is_a_copy_of_the_schemas() -> None:
+    tool = declared(tags={"type": "array", "default": []})
+    first = validate_tool_arguments(tool, {})
+    first["tags"].append("changed by a hook")
+    assert validate_tool_arguments(tool, {}) == {"tags": []}
+    assert tool.parameters["properties"]["tags"]["default"] == []
+
+
+def test_a_coercion_that_brings_new_rules_into_force_is_followed_by_another() -> None:
+    """Coercing `n` makes the `if` hold, whose `then` asks for an integer `m`."""
+    tool = ToolDeclaration(
+        name="t",
+        parameters={
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "if": {"properties": {"n": {"const": 1}}},
+            "then": {"properties": {"m": {"type": "integer"}}},
+        },
+    )
+    assert validate_tool_arguments(tool, {"n": "1", "m": "2"}) == {"n": 1, "m": 2}

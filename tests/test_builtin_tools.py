@@ -6,7 +6,9 @@ tool that holds it for seconds gets every call on the worker retried."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import stat
 import time
 import tracemalloc
 from collections.abc import Awaitable, Iterator
@@ -14,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from temporalio.testing import ActivityEnvironment
 
 import activities.events as events_module
+import activities.tool_runner as tool_runner_module
 from activities import builtin_tools
 from activities.builtin_tools import (
+    MAX_EXPRESSION_CHARS,
     MAX_LINE_CHARS,
     MAX_LIST_ENTRIES,
     MAX_READ_BYTES,
@@ -29,11 +34,11 @@ from activities.builtin_tools import (
     list_files,
     read_file,
 )
-from activities.tool_runner import ToolActivities, output_path
-from activities.tools import ToolResult
+from activities.tool_runner import MAX_RESULT_BYTES, ToolActivities, output_path
+from activities.tools import ToolResult, ToolSpec, registered_tools, report_progress
 from runtime.settings import Settings, SettingsError
 from workflows.contract import ToolRequest
-from workflows.models import ToolCall
+from workflows.models import ImageContent, TextContent, ToolCall, ToolOutcome
 
 MiB = 1024 * 1024
 # A heartbeat-style ticker may fall this far behind at most.
@@ -536,3 +541,357 @@ async def test_a_tool_runner_made_without_an_output_directory_writes_nothing_whe
     outcome = await ActivityEnvironment().run(runner.execute_tool, request)
     assert "[Output truncated" in outcome.content[0].text and "fullOutputPath" not in (outcome.details or {})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("expression", "answer"),
+    [("7 % 3", "7 % 3 = 1"), ("7 // 2", "7 // 2 = 3"), ("-7 + +2", "-7 + +2 = -5")],
+)
+async def test_calculator_answers_every_operator_its_description_names(expression: str, answer: str) -> None:
+    assert await calculator(CalculatorArgs(expression=expression)) == answer
+
+
+async def test_a_whole_quotient_is_shown_as_an_integer() -> None:
+    assert await calculator(CalculatorArgs(expression="4/2")) == "4/2 = 2"
+
+
+async def test_calculator_takes_an_expression_of_exactly_the_character_limit() -> None:
+    expression = "1+" * 499 + "10"
+    assert len(expression) == MAX_EXPRESSION_CHARS
+    assert await calculator(CalculatorArgs(expression=expression)) == f"{expression} = {499 + 10}"
+
+
+async def test_booleans_are_not_numbers_to_the_calculator() -> None:
+    with pytest.raises(ValueError, match=r"^Unsupported element in expression: 'True'$"):
+        await calculator(CalculatorArgs(expression="True + 1"))
+
+
+async def test_an_operator_the_calculator_lacks_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^Unsupported element in expression: '1 << 2'$"):
+        await calculator(CalculatorArgs(expression="1 << 2"))
+
+
+# --- read_file and list_files -----------------------------------------------------------
+
+
+async def test_a_refused_open_leaves_no_descriptor_open(workspace: Path) -> None:
+    """What is opened and then refused (here a FIFO, not a regular file) is
+    closed: a model asking again and again must not exhaust the worker's
+    descriptors."""
+    os.mkfifo(workspace / "pipe")
+    checked = builtin_tools._inside_workspace("pipe")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(FileNotFoundError, match="No file 'pipe'"):
+            builtin_tools._read_file(checked, ReadFileArgs(path="pipe"))
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+async def test_a_file_of_exactly_the_lines_asked_for_says_no_more_follow(workspace: Path) -> None:
+    (workspace / "three.txt").write_text("a\nb\nc\n")
+
+    assert text_of(await read_file(ReadFileArgs(path="three.txt", limit=3))) == "    1  a\n    2  b\n    3  c"
+
+
+async def test_read_file_details_say_which_lines_were_shown(workspace: Path) -> None:
+    (workspace / "five.txt").write_text("1\n2\n3\n4\n5\n")
+
+    result = await read_file(ReadFileArgs(path="five.txt", offset=4, limit=10))
+
+    assert result.details == {
+        "path": str(workspace / "five.txt"),
+        "bytes": 10,
+        "firstLine": 4,
+        "linesShown": 2,
+    }
+
+
+async def test_a_line_cut_by_its_bytes_says_so_even_under_the_character_limit(workspace: Path) -> None:
+    """A line is read to 8,000 bytes: of 4-byte characters that is exactly
+    the 2,000 shown, and the rest of the line was dropped all the same."""
+    (workspace / "emoji.txt").write_text("\U0001f600" * 3000 + "\nnext\n")
+
+    first, second = text_of(await read_file(ReadFileArgs(path="emoji.txt"))).splitlines()
+
+    assert first == "    1  " + "\U0001f600" * MAX_LINE_CHARS + f" [line cut at {MAX_LINE_CHARS} characters]"
+    assert second == "    2  next"
+
+
+async def test_a_line_of_exactly_the_bytes_read_is_not_called_cut(workspace: Path) -> None:
+    (workspace / "full.txt").write_text("\U0001f600" * MAX_LINE_CHARS + "\nnext\n")
+
+    first, second = text_of(await read_file(ReadFileArgs(path="full.txt"))).splitlines()
+
+    assert first == "    1  " + "\U0001f600" * MAX_LINE_CHARS
+    assert second == "    2  next"
+
+
+async def test_an_empty_file_says_so(workspace: Path) -> None:
+    (workspace / "empty.txt").write_bytes(b"")
+
+    assert text_of(await read_file(ReadFileArgs(path="empty.txt"))) == "(empty file)"
+
+
+async def test_list_files_says_when_it_stopped_looking_in_a_huge_directory(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(builtin_tools, "MAX_SCAN_ENTRIES", 5)
+    for index in range(8):
+        (workspace / f"f{index}").touch()
+
+    listing = (await list_files(ListFilesArgs())).splitlines()
+
+    assert len(listing) == 6
+    assert listing[-1] == (
+        "[The directory has more than 5 entries: these are the first 5 of the first 5 looked at. "
+        "List a subdirectory instead.]"
+    )
+
+
+async def test_listing_an_empty_directory_says_so(workspace: Path) -> None:
+    (workspace / "nothing").mkdir()
+
+    assert await list_files(ListFilesArgs(path="nothing")) == "(empty directory)"
+
+
+# --- the tool runner --------------------------------------------------------------------
+
+
+class _NoArgs(BaseModel):
+    pass
+
+
+class _TextArgs(BaseModel):
+    text: str
+
+
+class _NoStream:  # the tool publishes nothing: no workflow to signal
+    def topic(self, _name: str) -> Any:
+        return self
+
+
+@pytest.fixture
+def no_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events_module, "run_stream_client", _NoStream)
+
+
+def runner_of(function: Any, *, args_model: type[BaseModel] = _NoArgs, **options: Any) -> ToolActivities:
+    """A runner with one tool, ``t``, that runs ``function``."""
+    spec = ToolSpec(name="t", description="a test tool", args_model=args_model, function=function)
+    return ToolActivities({"t": spec}, **options)
+
+
+async def run_t(
+    runner: ToolActivities, arguments: dict[str, Any] | None = None, *, attempt: int = 1, max_batches: int = 0
+) -> ToolOutcome:
+    request = ToolRequest(
+        tool_call=ToolCall(id="c1", name="t", arguments=arguments or {}),
+        idempotency_key="wf/tool-c1",
+        max_batches=max_batches,
+    )
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(environment.info, attempt=attempt)
+    return await environment.run(runner.execute_tool, request)
+
+
+async def test_details_nested_deeper_than_the_workflow_decodes_are_dropped_with_a_note(
+    no_stream: None,
+) -> None:
+    async def deep(args: _NoArgs) -> ToolResult:
+        details: Any = "leaf"
+        for _ in range(70):
+            details = {"d": details}
+        return ToolResult(content="deep", details=details)
+
+    outcome = await run_t(runner_of(deep))
+
+    assert not outcome.is_error and outcome.content[0].text == "deep"  # type: ignore[union-attr]
+    assert set(outcome.details) == {"notes"}
+    assert "nested deeper than 64 levels" in outcome.details["notes"]["details"]
+
+
+async def test_images_over_the_result_limit_are_dropped_with_a_note(no_stream: None) -> None:
+    async def photos(args: _NoArgs) -> ToolResult:
+        image = ImageContent(data="A" * (MAX_RESULT_BYTES // 2 + 4), mime_type="image/png")
+        return ToolResult(content=[TextContent(text="two photos"), image, image])
+
+    outcome = await run_t(runner_of(photos))
+
+    assert [c.type for c in outcome.content] == ["text", "text"]
+    assert outcome.content[1].text == "[2 image(s) dropped: more than 1,000,000 bytes.]"  # type: ignore[union-attr]
+
+
+async def test_a_result_that_is_no_json_becomes_an_error_result(no_stream: None) -> None:
+    """Reported done, a result that cannot be encoded fails the activity,
+    and Temporal runs the tool's side effect again."""
+
+    async def opaque(args: _NoArgs) -> ToolResult:
+        return ToolResult(content="made", details={"handle": object()})
+
+    outcome = await run_t(runner_of(opaque))
+
+    assert outcome.is_error and outcome.details == {}
+    assert outcome.content[0].text.startswith("The tool's result could not be encoded as JSON")  # type: ignore[union-attr]
+
+
+async def test_an_output_of_exactly_the_cap_is_not_cut(no_stream: None, tmp_path: Path) -> None:
+    async def ten(args: _NoArgs) -> str:
+        return "0123456789"
+
+    outcome = await run_t(runner_of(ten, output_cap=10, output_dir=tmp_path))
+
+    assert outcome.content[0].text == "0123456789"  # type: ignore[union-attr]
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_full_output_is_kept_without_the_workers_secrets_and_for_the_worker_only(
+    no_stream: None, tmp_path: Path
+) -> None:
+    secret = "sk-test-" + "Q7w" * 10
+
+    async def dump(args: _NoArgs) -> str:
+        return f"OPENAI_API_KEY={secret}\n" + "x" * 100
+
+    outcome = await run_t(runner_of(dump, output_cap=10, output_dir=tmp_path / "out", secrets=[secret]))
+
+    path = Path(outcome.details["fullOutputPath"])
+    assert secret not in path.read_text() and "[redacted]" in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+async def test_a_tool_result_marked_as_an_error_stays_an_error(no_stream: None) -> None:
+    async def refuses(args: _NoArgs) -> ToolResult:
+        return ToolResult(content="no such record", is_error=True)
+
+    outcome = await run_t(runner_of(refuses))
+
+    assert outcome.is_error and outcome.content[0].text == "no such record"  # type: ignore[union-attr]
+
+
+async def test_a_tool_returning_neither_text_nor_a_tool_result_gets_an_error_result(no_stream: None) -> None:
+    async def forgets(args: _NoArgs) -> Any:
+        return None
+
+    outcome = await run_t(runner_of(forgets))
+
+    assert outcome.is_error
+    assert outcome.content[0].text == "A tool must return str or ToolResult, not NoneType."  # type: ignore[union-attr]
+
+
+async def test_arguments_this_workers_model_refuses_become_an_error_result(no_stream: None) -> None:
+    """The workflow validated them against the schema recorded at the start;
+    a worker deployed since with another model for the tool refuses them."""
+
+    async def needs_text(args: _TextArgs) -> str:
+        return args.text
+
+    outcome = await run_t(runner_of(needs_text, args_model=_TextArgs), {"query": "x"})
+
+    assert outcome.is_error and outcome.details == {}
+    assert outcome.content[0].text.startswith('Validation failed for tool "t":\n  - text: Field required')  # type: ignore[union-attr]
+
+
+async def test_a_retried_call_gets_half_the_event_batches_of_the_attempt_before(
+    no_stream: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budgets: list[int | None] = []
+    real = tool_runner_module.ActivityEventPublisher
+
+    def recording(batch_ms: int, max_batches: int | None = None) -> Any:
+        budgets.append(max_batches)
+        return real(batch_ms, max_batches)
+
+    monkeypatch.setattr(tool_runner_module, "ActivityEventPublisher", recording)
+
+    async def quiet(args: _NoArgs) -> str:
+        return "ok"
+
+    for attempt in (1, 2, 3):
+        await run_t(runner_of(quiet), attempt=attempt, max_batches=100)
+    await run_t(runner_of(quiet), attempt=9, max_batches=100)
+
+    assert budgets == [100, 50, 25, 1]
+
+
+async def test_read_file_skips_no_further_than_its_scan_limit_through_short_lines(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(builtin_tools, "MAX_SCAN_BYTES", 1024 * 1024)
+    (workspace / "log.txt").write_bytes((b"z" * 1023 + b"\n") * 3000)
+
+    with pytest.raises(ValueError, match=r"^Line 2900 is more than 1 MiB into the file"):
+        await read_file(ReadFileArgs(path="log.txt", offset=2900))
+
+
+async def test_an_error_result_has_credential_shaped_text_redacted_and_an_ordinary_result_does_not(
+    no_stream: None,
+) -> None:
+    """An exception's message may quote a credential the worker does not
+    know (a database's, a user's token): error results are scrubbed of
+    whatever looks like one. A successful result is scrubbed only of the
+    worker's own secrets: a tool's output is not mangled by guesses."""
+    token = "ghp_" + "a1B2c3D4e5" * 3
+
+    async def fails(args: _NoArgs) -> str:
+        raise RuntimeError(f"login refused for {token}")
+
+    async def prints(args: _NoArgs) -> str:
+        return f"the test fixture's token is {token}"
+
+    failed = await run_t(runner_of(fails))
+    printed = await run_t(runner_of(prints))
+
+    assert failed.is_error and failed.content[0].text == "login refused for [redacted]"  # type: ignore[union-attr]
+    assert printed.content[0].text == f"the test fixture's token is {token}"  # type: ignore[union-attr]
+
+
+async def test_the_runner_lets_a_tool_scrub_the_workers_secrets_before_it_cuts(
+    no_stream: None, workspace: Path
+) -> None:
+    """read_file cuts a line at 2,000 characters: only the tool itself can
+    take out a secret that straddles the cut, and only if the runner hands
+    it the worker's secrets."""
+    secret = "sk-proj-" + "S3cr3t" * 6
+    (workspace / "config.json").write_text("x" * 1990 + secret + "y" * 100 + "\n")
+    runner = ToolActivities({"read_file": registered_tools()["read_file"]}, secrets=[secret])
+    request = ToolRequest(
+        tool_call=ToolCall(id="c1", name="read_file", arguments={"path": "config.json"}),
+        idempotency_key="wf/tool-c1",
+    )
+
+    outcome = await ActivityEnvironment().run(runner.execute_tool, request)
+
+    assert "sk-proj-S3" not in outcome.content[0].text  # type: ignore[union-attr]
+    assert "[redacted]" in outcome.content[0].text  # type: ignore[union-attr]
+
+
+async def test_progress_a_tool_reports_is_sent_without_the_workers_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Progress travels as its own signal (into the history), not with the
+    result the runner scrubs at the end."""
+    published: list[Any] = []
+
+    class CapturingStream:
+        def topic(self, _name: str) -> Any:
+            return self
+
+        def publish(self, event: Any) -> None:
+            published.append(event)
+
+        async def flush(self) -> None:
+            return None
+
+    monkeypatch.setattr(events_module, "run_stream_client", CapturingStream)
+    secret = "worker-secret-" + "k9" * 10
+
+    async def debug(args: _NoArgs) -> str:
+        report_progress(f"environment: KEY={secret}")
+        return "done"
+
+    outcome = await run_t(runner_of(debug, secrets=[secret]))
+
+    sent = published + list(outcome.events)  # sent at once, or left for the result to carry
+    assert [e["type"] for e in sent] == ["tool_execution_update"]
+    assert secret not in repr(sent) and "[redacted]" in repr(sent)

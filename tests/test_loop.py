@@ -12,6 +12,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from tests.support.stack import EventLog, Stack, outline
+from workflows.calls import tool_summary
 from workflows.contract import PromptResult
 
 
@@ -809,3 +810,73 @@ async def test_close_ends_the_conversation_with_its_transcript(stack: Stack) -> 
     await handle.signal("close")
     result = await asyncio.wait_for(handle.result(), 10)
     assert [m.role for m in result.messages] == ["user", "assistant"]
+
+
+async def test_a_call_whose_arguments_alone_pass_the_in_flight_limit_still_runs(
+    stack: Stack,
+) -> None:
+    """At most ~1 MB of tool arguments is scheduled at once, but a call
+    above that on its own runs (alone) instead of waiting for good."""
+    text = "a" * 1_100_000
+    stack.script(
+        {"tool_calls": [call("big", "echo", text=text)], "chunk_chars": 64 * 1024},
+        {"text": "echoed"},
+    )
+    handle = await stack.start(prompt="big", closeWhenIdle=True)
+    result = await asyncio.wait_for(handle.result(), 120)
+    [echoed] = [m for m in result.messages if m.role == "toolResult"]
+    assert not echoed.is_error and echoed.content[0].text.startswith("echo: aaa")
+
+
+async def test_a_call_id_reused_in_the_same_run_gets_its_own_idempotency_key(
+    stack: Stack,
+) -> None:
+    """Some models number their calls `call_0` in every answer: within one
+    run the second call's activity id gets a suffix, and so does its key
+    (a tool deduplicating by key would skip the second call)."""
+    stack.script(
+        {"tool_calls": [call("call_0", "whoami")]},
+        {"tool_calls": [call("call_0", "whoami")]},
+        {"text": "ok"},
+    )
+    handle = await stack.start(prompt="who", closeWhenIdle=True)
+    result = await asyncio.wait_for(handle.result(), 60)
+    keys = [m.details["key"] for m in result.messages if m.role == "toolResult"]
+    assert keys == [f"{handle.id}/tool-call_0", f"{handle.id}/tool-call_0-2"]
+
+
+def test_the_ui_summary_of_a_tool_call_is_at_most_200_characters() -> None:
+    summary = tool_summary("search", {f"field{i}": "value" for i in range(40)})
+    assert len(summary) == 200 and summary.endswith("...")
+    assert tool_summary("read_file", {"path": "x" * 50}) == f"tool: read_file path={'x' * 37}..."
+
+
+def test_an_activity_failure_reads_as_its_innermost_message() -> None:
+    from temporalio.exceptions import (
+        ActivityError,
+        ApplicationError,
+        TimeoutError,
+        TimeoutType,
+    )
+
+    from workflows.calls import activity_failure_text
+
+    failure = ActivityError(
+        "Activity task failed",
+        scheduled_event_id=5,
+        started_event_id=6,
+        identity="worker",
+        activity_type="execute_tool",
+        activity_id="tool-c1",
+        retry_state=None,
+    )
+    timeout = TimeoutError(
+        "activity Heartbeat timeout",
+        type=TimeoutType.HEARTBEAT,
+        last_heartbeat_details=[],
+    )
+    cause = ApplicationError("the worker running it stopped")
+    timeout.__cause__ = cause
+    failure.__cause__ = timeout
+
+    assert activity_failure_text(failure) == "the worker running it stopped"

@@ -22,6 +22,7 @@ from temporalio.converter import (
     WithSerializationContext,
 )
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import runtime.sandbox as sandbox_runner
 from runtime.sandbox import PrecompiledSandboxedWorkflowRunner, workflow_runner
@@ -199,3 +200,21 @@ async def test_sandbox_compiles_a_workflow_module_once_and_runs_it_afresh(
     assert sandbox_runner._CachingSourceLoader.compiled - compiled == 1
     assert sandbox_runner._CachingSourceLoader.reused - reused >= 2
     assert not (tmp_path / "__pycache__").exists()
+
+
+def test_precompile_off_gives_the_sdks_stock_sandbox() -> None:
+    """AGENT_SANDBOX_PRECOMPILE=off (and AGENT_SDK_FALLBACKS=on, which CI
+    runs) must leave none of the overrides of private SDK code in use."""
+    assert type(workflow_runner(precompile=False)) is SandboxedWorkflowRunner
+
+
+def test_an_edited_workflow_module_is_compiled_again(tmp_path: Path) -> None:
+    """The compiled code is shared per path and source text: a module
+    edited under a running worker gets its new code, not the old."""
+    path = tmp_path / "edited_module.py"
+    loader = sandbox_runner._CachingSourceLoader("edited_module", str(path))
+    before: dict[str, int] = {}
+    after: dict[str, int] = {}
+    exec(loader.source_to_code(b"VALUE = 1\n", str(path)), before)
+    exec(loader.source_to_code(b"VALUE = 2\n", str(path)), after)
+    assert (before["VALUE"], after["VALUE"]) == (1, 2)

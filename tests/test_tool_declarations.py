@@ -11,7 +11,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, RootModel
 
-from activities.tools import _registry, registered_tools, tool
+from activities.tools import _registry, declarations, registered_tools, tool
 from testbed.scripted_model.server import tools_problem
 from worker import ToolModuleError, load_tool_modules
 
@@ -110,3 +110,55 @@ def test_a_long_description_is_declared_with_a_warning(caplog: pytest.LogCapture
 
     assert "wordy" in registered_tools()
     assert "description of 1500 characters: some model servers take at most 1024" in caplog.text
+
+
+def test_a_second_tool_of_the_same_name_is_refused() -> None:
+    @tool(description="First.", name="twice")
+    async def first(args: Text) -> str:
+        return "first"
+
+    async def second(args: Text) -> str:
+        return "second"
+
+    with pytest.raises(ValueError, match=r"^A tool named 'twice' is already registered\.$"):
+        tool(description="Second.", name="twice")(second)
+    assert registered_tools()["twice"].function is first
+
+
+def test_a_tool_that_is_not_async_is_refused() -> None:
+    def blocking(args: Text) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match=r"^Tool 'blocking' must be an `async def` function\.$"):
+        tool(description="Blocks.")(blocking)  # type: ignore[arg-type]
+
+
+def test_a_tool_taking_more_than_its_arguments_model_is_refused() -> None:
+    async def two(args: Text, extra: int) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match="must take exactly one argument annotated with a pydantic model"):
+        tool(description="Two.")(two)  # type: ignore[arg-type]
+
+
+def test_an_unknown_execution_mode_is_refused() -> None:
+    with pytest.raises(
+        ValueError, match=r"^execution_mode must be None, 'sequential' or 'parallel', not 'serial'\.$"
+    ):
+        tool(description="Mode.", execution_mode="serial")  # type: ignore[arg-type]
+
+
+def test_a_star_makes_every_tool_local_and_names_make_only_those() -> None:
+    @tool(description="A.")
+    async def tool_a(args: Text) -> str:
+        return ""
+
+    @tool(description="B.")
+    async def tool_b(args: Text) -> str:
+        return ""
+
+    tools = {name: registered_tools()[name] for name in ("tool_b", "tool_a")}
+    everything = declarations(tools, {"*"})
+    only_b = declarations(tools, {"tool_b"})
+    assert [(d.name, d.local) for d in everything] == [("tool_a", True), ("tool_b", True)]
+    assert [(d.name, d.local) for d in only_b] == [("tool_a", False), ("tool_b", True)]
