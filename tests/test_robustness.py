@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.client import (
     Client,
@@ -31,7 +32,26 @@ from client import Conversation, follow, start_conversation
 from runtime.payloads import data_converter
 from runtime.settings import Settings
 from tests.support.stack import EventLog, Stack
-from workflows.contract import SessionState
+from workflows.arguments import MAX_NESTING
+from workflows.contract import (
+    MAX_APPROVAL_TIMEOUT_SECONDS,
+    AgentSettings,
+    SessionSettings,
+    SessionState,
+    WaitForIdleResult,
+)
+from workflows.inputs import (
+    MAX_MESSAGE_BYTES,
+    InputError,
+    check_prompts,
+    clean_json,
+    json_type,
+    prompt_message,
+    prompt_messages,
+    refusal,
+    single_argument,
+)
+from workflows.models import CustomMessage, UserMessage
 
 
 def raw_json(text: str) -> RawValue:
@@ -773,3 +793,143 @@ async def test_a_reference_to_a_payload_the_workers_cannot_find_is_refused_not_f
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(started.result(), 30)
     assert "refers to a stored payload that is gone" in str(failed.value.cause)
+
+
+def now() -> int:
+    return 42
+
+
+def refused(payload: Any) -> str:
+    with pytest.raises(InputError) as err:
+        check_prompts(prompt_messages(payload, now))
+    return str(err.value)
+
+
+def test_an_empty_list_of_messages_is_refused() -> None:
+    assert refused([]) == "The list of messages is empty: send at least one."
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t "])
+def test_blank_text_is_refused(text: str) -> None:
+    assert refused(text) == "The message text is empty: send some text."
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "  "},
+        {"role": "user", "content": []},
+        {"role": "user", "content": [{"type": "text", "text": " "}, {"type": "text", "text": ""}]},
+    ],
+)
+def test_a_user_message_without_content_is_refused(message: dict[str, Any]) -> None:
+    assert refused(message) == "The message has no content: send some text or an image."
+
+
+def test_a_message_over_two_megabytes_is_refused_as_text_or_as_an_object() -> None:
+    big = "x" * (MAX_MESSAGE_BYTES + 1)
+    assert "the limit is 2.1 MB" in refused(big)
+    assert "the limit is 2.1 MB" in refused({"role": "user", "content": big})
+    assert prompt_message("x" * MAX_MESSAGE_BYTES, now).content == "x" * MAX_MESSAGE_BYTES
+
+
+def test_a_message_nested_one_level_too_deep_is_refused() -> None:
+    def nested(depth: int) -> dict[str, Any]:
+        value: Any = "leaf"
+        for _ in range(depth - 3):  # the message, its content list and the block are three levels
+            value = {"k": value}
+        return {"role": "note", "content": [{"type": "data", "data": value}]}
+
+    from workflows.arguments import nesting_depth
+
+    at_limit = nested(MAX_NESTING)
+    while nesting_depth(at_limit) < MAX_NESTING:  # make it exactly MAX_NESTING deep
+        at_limit = {
+            "role": "note",
+            "content": [{"type": "data", "data": {"k": at_limit["content"][0]["data"]}}],
+        }
+    assert nesting_depth(at_limit) == MAX_NESTING
+    prompt_message(at_limit, now)  # taken
+    too_deep = {"role": "note", "content": [{"type": "data", "data": {"k": at_limit["content"][0]["data"]}}]}
+    assert refused(too_deep) == f"The message is nested deeper than {MAX_NESTING} levels."
+
+
+def test_a_user_message_without_a_timestamp_is_stamped_when_it_arrives() -> None:
+    message = prompt_message({"role": "user", "content": "hi"}, now)
+    assert isinstance(message, UserMessage) and message.timestamp == 42
+    stamped = prompt_message({"role": "user", "content": "hi", "timestamp": 7}, now)
+    assert isinstance(stamped, UserMessage) and stamped.timestamp == 7
+
+
+def test_an_application_message_is_taken_and_one_with_an_empty_role_refused() -> None:
+    message = prompt_message({"role": "note", "content": "kept, not sent to the model"}, now)
+    assert isinstance(message, CustomMessage) and message.role == "note"
+    assert "role is empty" in refused({"role": " ", "content": "x"})
+
+
+def test_lone_surrogates_in_object_keys_are_replaced() -> None:
+    cleaned = clean_json({"k\ud83d": ["v\ud83d"]})
+    assert list(cleaned) == ["k\ufffd"] and cleaned["k\ufffd"] == ["v\ufffd"]
+
+
+def test_a_long_refusal_is_cut_to_a_thousand_characters() -> None:
+    error = refusal("x" * 5000)
+    assert len(str(error.message)) <= 1000 and error.message.endswith(" ... (cut).")
+    assert error.type == "InvalidInput" and error.non_retryable
+    assert refusal("short").message == "short"
+
+
+def test_json_types_are_named_in_jsons_words() -> None:
+    values: tuple[Any, ...] = (None, True, 1, 1.5, "s", [], {})
+    assert [json_type(v) for v in values] == [
+        "null",
+        "a boolean",
+        "a number",
+        "a number",
+        "a string",
+        "a list",
+        "an object",
+    ]
+
+
+def test_a_handler_with_an_optional_argument_takes_none() -> None:
+    assert single_argument((), "clear_queues", optional=True) is None
+    with pytest.raises(InputError, match="needs one argument"):
+        single_argument((), "prompt")
+    with pytest.raises(InputError, match="takes one argument; it got 2"):
+        single_argument((1, 2), "prompt")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"maxTurns": 0},
+        {"maxTotalTokens": 0},
+        {"maxCost": 0},
+        {"model": ""},
+        {"approvalTimeoutSeconds": 0},
+        {"approvalTimeoutSeconds": MAX_APPROVAL_TIMEOUT_SECONDS + 1},
+        {"steeringMode": "two-at-a-time"},
+        {"thinkingLevel": "max"},
+    ],
+)
+def test_settings_out_of_range_are_refused(settings: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        AgentSettings.model_validate(settings)
+
+
+@pytest.mark.parametrize(
+    "settings", [{"continueAsNewAfterTurns": 0}, {"streamBatchMs": 0}, {"streamBatchMs": 10_001}]
+)
+def test_start_settings_out_of_range_are_refused(settings: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        SessionSettings.model_validate(settings)
+
+
+def test_wait_for_idle_before_any_run_says_stop_reason_null() -> None:
+    """SPEC 8: {"runs", "stopReason", "messages"}, every key present."""
+    assert WaitForIdleResult(runs=0).model_dump(mode="json") == {
+        "runs": 0,
+        "stopReason": None,
+        "messages": [],
+    }

@@ -11,7 +11,8 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.contrib.workflow_streams import WorkflowStreamClient, WorkflowStreamState
+from temporalio.contrib.workflow_streams._types import _WorkflowStreamWireItem
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
@@ -20,8 +21,16 @@ import client
 from activities.events import ActivityEventPublisher
 from client import Conversation, PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
+from workflows.agent import IDLE_ITEMS_CARRIED, STREAM_ITEMS_CARRIED
 from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AgentStartEvent, MessageUpdateEvent
-from workflows.stream import OFFSET_QUERY, RUN_END_UPDATE, partial_arguments, partial_message
+from workflows.stream import (
+    OFFSET_QUERY,
+    RUN_END_UPDATE,
+    STREAM_BYTES_CARRIED,
+    EventStream,
+    partial_arguments,
+    partial_message,
+)
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -702,3 +711,226 @@ async def test_activities_publish_to_the_run_that_scheduled_them(stack: Stack) -
     await env.run(probe)
     assert seen == [(env.info.workflow_id, env.info.workflow_run_id)]
     assert env.info.workflow_run_id
+
+
+MiB = 1024 * 1024
+
+
+class _Log:
+    """The part of a WorkflowStream that ``state_for_carry`` uses: a log of
+    items at global offsets from ``base``, truncated as the SDK's is."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.base = 0
+        self.items = [
+            _WorkflowStreamWireItem("events", "x" * size, offset) for offset, size in enumerate(sizes)
+        ]
+
+    def truncate(self, up_to_offset: int) -> None:
+        index = up_to_offset - self.base
+        if index > 0:
+            self.items, self.base = self.items[index:], up_to_offset
+
+    def get_state(self) -> WorkflowStreamState:
+        return WorkflowStreamState(log=list(self.items), base_offset=self.base)
+
+
+def stream_of(sizes: list[int]) -> EventStream:
+    """An EventStream (outside a workflow) over a log of items of these sizes."""
+    log = _Log(sizes)
+    stream = EventStream.__new__(EventStream)
+    stream._stream = log  # type: ignore[assignment]
+    stream._offset_query = lambda: log.base + len(log.items)
+    return stream
+
+
+def carried(state: WorkflowStreamState) -> list[int]:
+    """The global offsets of the items a carried state holds."""
+    assert [item.offset for item in state.log] == list(
+        range(state.base_offset, state.base_offset + len(state.log))
+    )
+    return [item.offset for item in state.log]
+
+
+def test_the_carried_stream_bounds_are_those_the_readme_states() -> None:
+    """README, Limits: the last 2,000 events, 200 when idle with every event read, at most 4 MB."""
+    assert (STREAM_ITEMS_CARRIED, IDLE_ITEMS_CARRIED, STREAM_BYTES_CARRIED) == (2000, 200, 4 * MiB)
+
+
+def test_a_continue_as_new_carries_exactly_the_last_events_asked_for() -> None:
+    state = stream_of([10] * 2500).state_for_carry(2000)
+    assert carried(state) == list(range(500, 2500))
+
+
+def test_a_stream_shorter_than_the_bound_is_carried_whole_from_its_first_event() -> None:
+    state = stream_of([10] * 150).state_for_carry(200)
+    assert state.base_offset == 0 and carried(state) == list(range(150))
+
+
+def test_a_continue_as_new_carries_at_most_4_mb_of_the_newest_events_at_their_offsets() -> None:
+    """Ten events of 1 MiB: the newest four fill the 4 MiB exactly; a reader
+    behind reads on from offset 6, the oldest kept, at the right offsets."""
+    state = stream_of([MiB] * 10).state_for_carry(2000)
+    assert state.base_offset == 6 and carried(state) == [6, 7, 8, 9]
+    assert sum(len(item.data) for item in state.log) <= STREAM_BYTES_CARRIED
+
+
+def test_the_last_event_is_carried_whatever_its_size() -> None:
+    """A run's agent_end holds all its messages: a reader waiting for the
+    run's end needs it, even past 4 MB (and then nothing before it)."""
+    state = stream_of([10, 10, 5 * MiB]).state_for_carry(2000)
+    assert state.base_offset == 2 and carried(state) == [2]
+
+
+def test_the_last_event_counts_toward_the_4_mb_carried() -> None:
+    """A 3 MiB last event leaves room for one 1 MiB event before it, not four."""
+    state = stream_of([MiB] * 5 + [3 * MiB]).state_for_carry(2000)
+    assert carried(state) == [4, 5]
+
+
+def test_a_reader_that_read_to_the_last_offset_has_read_everything() -> None:
+    """Idle with every event read, only the last 200 are carried and a
+    completing conversation need not linger: a poll whose next offset is
+    the stream's offset has read it all; one short of it has not."""
+    stream = stream_of([10] * 5)
+    stream.polled, stream.delivered = True, 5
+    assert stream.all_read()
+    stream.delivered = 4
+    assert not stream.all_read()
+    stream.polled, stream.delivered = False, 0
+    assert stream.all_read()  # nobody polled: nobody to wait for
+
+
+def test_the_streaming_message_is_read_past_the_first_poll_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll answers at most ~1 MB at a time (``more_ready``): the message
+    being streamed (``state.streamingMessage``, and what an abort keeps) is
+    rebuilt from every batch since its ``message_start``, not the first."""
+    import temporalio.converter
+    from temporalio.contrib.workflow_streams import PollInput, PollResult
+    from temporalio.contrib.workflow_streams._types import _encode_payload
+
+    import workflows.stream as stream_module
+
+    converter = temporalio.converter.default().payload_converter
+    start = {"role": "assistant", "content": [], "stopReason": "stop", "timestamp": 5}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": start},
+        {"type": "message_update", "assistantMessageEvent": {"type": "text_start", "contentIndex": 0}},
+        *(
+            {
+                "type": "message_update",
+                "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": d},
+            }
+            for d in ("one ", "two ", "three")
+        ),
+    ]
+    items = [
+        _WorkflowStreamWireItem("events", _encode_payload(converter.to_payload(event)), offset)
+        for offset, event in enumerate(events)
+    ]
+
+    def read(poll: PollInput) -> PollResult:  # two items a batch, as a large stream is read
+        batch = items[poll.from_offset : poll.from_offset + 2]
+        end = poll.from_offset + len(batch)
+        return PollResult(batch, end, end < len(items))
+
+    monkeypatch.setattr(stream_module.workflow, "get_query_handler", lambda name: read)
+    monkeypatch.setattr(stream_module.workflow, "payload_converter", lambda: converter)
+    stream = stream_of([])
+    stream.model_call_offset = 0
+    message = stream.streamed_message()
+    assert message is not None and message.text == "one two three"
+
+
+def test_partial_arguments_nested_deeper_than_arguments_are_read_read_as_nothing() -> None:
+    """README/SPEC: a streaming tool call's arguments nested deeper than the
+    workflow reads arguments show as ``{}`` (64 levels), as a finished one would."""
+    from workflows.arguments import MAX_NESTING
+
+    assert partial_arguments('{"a": ' + "[" * (MAX_NESTING + 5) + "1") == {}
+    assert partial_arguments('{"a": ' + "[" * 10 + "1") == {"a": [[[[[[[[[[1]]]]]]]]]]}
+
+
+def test_a_partial_message_orders_its_blocks_by_content_index() -> None:
+    start = {"role": "assistant", "content": [], "stopReason": "stop", "timestamp": 5}
+
+    def update(event: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "message_update", "assistantMessageEvent": event}
+
+    events = [
+        {"type": "message_start", "message": start},
+        update({"type": "text_start", "contentIndex": 1}),
+        update({"type": "text_delta", "contentIndex": 1, "delta": "answer"}),
+        update({"type": "thinking_start", "contentIndex": 0}),
+        update({"type": "thinking_delta", "contentIndex": 0, "delta": "hmm"}),
+    ]
+    message = partial_message(events)
+    assert message is not None and [block.type for block in message.content] == ["thinking", "text"]
+
+
+# --- through a running conversation (the `stack` fixture) ---
+
+
+async def test_the_wait_for_a_runs_end_answers_the_offset_past_that_runs_own_agent_end(stack: Stack) -> None:
+    """`__agent_stream_run_end` from where the second run starts (just past
+    the first run's `agent_end`) waits for the second run's end, and answers
+    the offset just past its `agent_end`: not the first run's end at once."""
+    stack.script(
+        {"text": "first"},
+        {"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 1.0}}]},
+        {"text": "second"},
+    )
+    handle = await stack.start(prompt="one")
+    await handle.execute_update("wait_for_idle")
+    first_end = await handle.query(OFFSET_QUERY, result_type=int)
+    await handle.execute_update("prompt", "two")
+    end = await asyncio.wait_for(handle.execute_update(RUN_END_UPDATE, first_end, result_type=int), 30)
+    idle = await handle.execute_update("wait_for_idle")
+    assert idle["messages"][-1]["content"][0]["text"] == "second"
+    assert end > first_end
+    assert end == await handle.query(OFFSET_QUERY, result_type=int)  # nothing published after agent_end
+    await handle.signal("close")
+
+
+async def test_a_wait_for_a_runs_end_from_a_negative_offset_is_refused(stack: Stack) -> None:
+    stack.script(
+        {"tool_calls": [{"id": "s1", "name": "slow", "arguments": {"seconds": 1.0}}]}, {"text": "done"}
+    )
+    handle = await stack.start(prompt="go")
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(RUN_END_UPDATE, -1, result_type=int)
+    assert "from_offset must be an offset" in str(refused.value.cause)
+    await handle.execute_update("wait_for_idle")
+    await handle.signal("close")
+
+
+async def test_the_sixth_waiting_read_of_a_caught_up_stream_is_refused_as_busy(stack: Stack) -> None:
+    """README, Updates in flight: "a conversation lets at most 5 reads wait
+    at once and refuses the next (`StreamBusy`)"; five leave room for a
+    prompt and its run-end wait within Temporal's 10 updates in flight."""
+    from temporalio.client import WorkflowUpdateStage
+    from temporalio.contrib.workflow_streams import PollInput, PollResult
+    from temporalio.exceptions import ApplicationError
+
+    from workflows.contract import BUSY_ERROR, POLL_UPDATE
+    from workflows.models import EVENTS_TOPIC
+
+    stack.script({"text": "first"}, {"text": "second"})
+    handle = await stack.start(prompt="go")
+    await handle.execute_update("wait_for_idle")
+    end = await handle.query(OFFSET_QUERY, result_type=int)
+    poll = PollInput(topics=[EVENTS_TOPIC], from_offset=end)
+    waiting = [
+        await handle.start_update(
+            POLL_UPDATE, poll, wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=PollResult
+        )
+        for _ in range(5)
+    ]
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await asyncio.wait_for(handle.execute_update(POLL_UPDATE, poll, result_type=PollResult), 5)
+    cause = refused.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == BUSY_ERROR
+    await handle.execute_update("prompt", "again")  # the waiting reads get its events
+    for update in waiting:
+        assert (await asyncio.wait_for(update.result(), 10)).items
+    await handle.signal("close")
