@@ -593,11 +593,11 @@ class Conversation:
             return await self._update("reset", result_type=SessionState)
 
     async def state(self) -> SessionState:
-        """Status, settings in force, the transcript, queues, pending
-        approvals, counters, usage. ``closed`` for a conversation that has
-        ended however it did: one terminated mid-run (by the server past its
-        history limit, or by an operator) answered ``running`` for good, as
-        its history left it."""
+        """Status, settings in force, queues, pending approvals, counters,
+        usage (the transcript is ``messages``). ``closed`` for a conversation
+        that has ended however it did: one terminated mid-run (by the server
+        past its history limit, or by an operator) answered ``running`` for
+        good, as its history left it."""
         async with self._refusals():
             state: SessionState = await self._query("state", SessionState)
         if state.status != "closed" and await self._has_ended():
@@ -683,13 +683,10 @@ class Conversation:
 
     async def snapshot(self) -> tuple[SessionState, list[AgentMessage]]:
         """The state and the transcript it describes: ``state.event_offset``
-        is where the events that follow this transcript start. (From a
-        worker whose state has no transcript, the first
-        ``state.message_count`` messages of a later ``messages`` query:
-        messages are only ever appended.)"""
+        is where the events that follow this transcript start. (Messages are
+        only ever appended, so the first ``state.message_count`` messages of a
+        later ``messages`` query are the ones the state counted.)"""
         state = await self.state()
-        if state.messages is not None:
-            return state, state.messages
         messages = await self.messages()
         return state, messages[: state.message_count]
 

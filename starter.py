@@ -240,8 +240,7 @@ async def cmd_approve(client: Client, settings: Settings, args: argparse.Namespa
 
 async def cmd_state(client: Client, settings: Settings, args: argparse.Namespace) -> int:
     state = await Conversation.attach(client, args.id).state()
-    # The transcript is `messages`' to print; here it would bury the rest.
-    print(json.dumps(state.model_dump(mode="json", exclude={"messages"}), indent=2))
+    print(json.dumps(state.model_dump(mode="json"), indent=2))
     return 0
 
 
@@ -329,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("abort", "abort the active run"),
         ("stop", "end the active run after its current turn"),
         ("close", "end the conversation (an active run is aborted first)"),
-        ("state", "print the state query (JSON, its transcript left to `messages`)"),
+        ("state", "print the state query (JSON)"),
         ("messages", "print the transcript (JSON)"),
     ):
         commands.add_parser(name, help=text).add_argument("id")

@@ -172,20 +172,6 @@ async def test_reset_clears_the_session_and_is_refused_while_running(stack: Stac
     await handle.signal("close")
 
 
-async def test_the_state_holds_the_transcript_as_the_messages_query_does(stack: Stack) -> None:
-    """SPEC §6: pi's state has ``messages``; the client's snapshot reads
-    state and transcript in one query."""
-    stack.script({"tool_calls": [call("m1", "echo", text="hi")]}, {"text": "done"})
-    handle = await stack.start(prompt="work")
-    await handle.execute_update("wait_for_idle")
-    state = await handle.query("state")
-    assert state["messages"] == await handle.query("messages")
-    assert [m["role"] for m in state["messages"]] == ["user", "assistant", "toolResult", "assistant"]
-    assert state["messageCount"] == 4
-    assert (await handle.execute_update("reset"))["messages"] == []
-    await handle.signal("close")
-
-
 async def test_wait_for_idle_returns_when_the_run_ends(stack: Stack) -> None:
     handle = await stack.start()
     idle = await handle.execute_update("wait_for_idle")

@@ -233,9 +233,6 @@ class SessionState(SettingsInForce):
     pending_tool_calls: list[str]
     pending_approvals: list[PendingApproval] = Field(default_factory=list)
     error_message: str | None = None
-    messages: list[AgentMessage] | None = None
-    """The transcript, as the ``messages`` query has it (pi's ``state.messages``);
-    None only from a worker of a release before it was part of the state."""
     message_count: int
     steering_queue: int
     follow_up_queue: int

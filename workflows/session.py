@@ -340,7 +340,6 @@ class Session:
                 "pendingToolCalls": list(self.running_tools),
                 "pendingApprovals": list(self.approvals.values()),
                 "errorMessage": self.error_message,
-                "messages": self.messages,
                 "messageCount": len(self.messages),
                 "steeringQueue": len(self.steering),
                 "followUpQueue": len(self.follow_up),
