@@ -541,7 +541,11 @@ class AgentWorkflow:
                 await self._continue_as_new()  # never returns
         except TimeoutError:
             self._record_approval(call.name, "timeout", waiting)
-            return ApprovalDecision(False, f"Tool call {call.name} was not approved within {timeout:g} s.")
+            # A run from before the patch keeps the deadline it carried, also
+            # when the setting was cleared since: say the timeout it waited.
+            assert deadline is not None and waiting is not None and waiting.requested_ms is not None
+            waited = timeout or (deadline - waiting.requested_ms) / 1000
+            return ApprovalDecision(False, f"Tool call {call.name} was not approved within {waited:g} s.")
         finally:
             if not self._switching:
                 session.approvals.pop(call.id, None)
