@@ -90,7 +90,15 @@ def text_of(result: ToolResult) -> str:
 
 @pytest.mark.parametrize(
     ("expression", "answer"),
-    [("6*7", "6*7 = 42"), ("2**10-1", "2**10-1 = 1023"), ("(2 + 3) * 4 / 8", "(2 + 3) * 4 / 8 = 2.5")],
+    [
+        ("6*7", "6*7 = 42"),
+        ("2**10-1", "2**10-1 = 1023"),
+        ("(2 + 3) * 4 / 8", "(2 + 3) * 4 / 8 = 2.5"),
+        # every operator its description names
+        ("7 % 3", "7 % 3 = 1"),
+        ("7 // 2", "7 // 2 = 3"),
+        ("-7 + +2", "-7 + +2 = -5"),
+    ],
 )
 async def test_calculator_answers(expression: str, answer: str) -> None:
     assert await calculator(CalculatorArgs(expression=expression)) == answer
@@ -541,14 +549,6 @@ async def test_a_tool_runner_made_without_an_output_directory_writes_nothing_whe
     outcome = await ActivityEnvironment().run(runner.execute_tool, request)
     assert "[Output truncated" in outcome.content[0].text and "fullOutputPath" not in (outcome.details or {})
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    ("expression", "answer"),
-    [("7 % 3", "7 % 3 = 1"), ("7 // 2", "7 // 2 = 3"), ("-7 + +2", "-7 + +2 = -5")],
-)
-async def test_calculator_answers_every_operator_its_description_names(expression: str, answer: str) -> None:
-    assert await calculator(CalculatorArgs(expression=expression)) == answer
 
 
 async def test_a_whole_quotient_is_shown_as_an_integer() -> None:
