@@ -344,7 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
     configure.add_argument("--max-total-tokens", type=int, help="token budget of the conversation")
     configure.add_argument("--max-cost", type=float, help="cost budget of the conversation")
     configure.add_argument(
-        "--approval-timeout", type=float, metavar="SECONDS", help="reject undecided calls after"
+        "--approval-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="reject calls undecided this long after they asked (those waiting now too)",
     )
 
     clear = commands.add_parser("clear", help="remove queued messages; print them (JSON, oldest first)")
