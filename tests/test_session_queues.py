@@ -265,3 +265,18 @@ def test_configure_changes_only_the_settings_it_names() -> None:
     assert after.model == "other-model"
     assert (after.system_prompt, after.max_turns, after.steering_mode) == ("Be brief.", 3, "all")
     assert s.steering.mode == "all"
+
+
+def test_a_message_queued_during_a_run_starts_no_run_of_its_own() -> None:
+    """SPEC 6: only a steer or follow-up that ARRIVES while idle starts a
+    run; one sent during a run waits for that run's polls (else a stray run
+    followed every run that was steered)."""
+    s = session()
+    s.begin_run()
+    s.enqueue(s.steering, user("steer"))
+    s.enqueue(s.follow_up, user("follow"))
+    assert s.pending is None
+    s.observe(AgentEndEvent(messages=[]))
+    assert s.pending is None and len(s.steering) == 1 and len(s.follow_up) == 1
+    s.enqueue(s.follow_up, user("while idle"))
+    assert s.pending is not None and s.pending.from_continue
