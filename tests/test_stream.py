@@ -287,8 +287,8 @@ async def test_a_reader_that_sent_many_updates_to_a_run_reads_by_query(
     updates = kinds(await handle.fetch_history()).count("WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
     if pacing:
         assert updates < 30, updates
-    else:  # the reads the pacing spares: one or more per call
-        assert updates > 90, updates
+    else:  # the reads the pacing spares: about one per call (fewer when a loaded machine batches)
+        assert updates > 60, updates
 
 
 async def test_the_end_of_a_run_cuts_a_cooldown_short(stack: Stack) -> None:
