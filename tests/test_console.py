@@ -29,7 +29,6 @@ from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
-import starter as cli
 from client import Conversation
 from console.above_prompt import AbovePromptWriter
 from console.chat import ChatSession
@@ -474,6 +473,18 @@ async def leave(child: pexpect.spawn, workflow_id: str) -> None:
     assert child.exitstatus == 0
 
 
+async def abort_with_ctrl_c(
+    child: pexpect.spawn, line: str, shown: str, note: str = "aborting the run"
+) -> None:
+    """Type ``line``, wait for ``shown`` (the tool call it starts), then
+    Ctrl-C: the chat says ``note`` and the run ends aborted."""
+    child.send(line + "\r")
+    await expect(child, shown)
+    child.sendcontrol("c")
+    await expect(child, note)
+    await expect(child, "Request was aborted")
+
+
 async def test_chat_steering_typed_during_a_tool_lands_after_its_result(stack: Stack) -> None:
     stack.script(
         {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 3}}]},
@@ -510,11 +521,7 @@ async def test_chat_ctrl_c_aborts_the_run_and_a_second_one_leaves(stack: Stack) 
     )
     child, workflow_id = await start_chat(stack)
 
-    child.send("run the slow tool\r")
-    await expect(child, "⚙ slow(seconds=3)")
-    child.sendcontrol("c")
-    await expect(child, "aborting the run")
-    await expect(child, "Request was aborted")
+    await abort_with_ctrl_c(child, "run the slow tool", "⚙ slow(seconds=3)")
     await leave(child, workflow_id)
 
     messages: list[dict[str, Any]] = await stack.client.get_workflow_handle(workflow_id).query("messages")
@@ -1071,14 +1078,15 @@ async def test_watch_says_when_older_events_are_no_longer_kept(capsys: pytest.Ca
     )
 
 
-def test_watch_refuses_a_negative_offset(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("offset", ["-5", "-1"])
+def test_watch_refuses_a_negative_offset(capsys: pytest.CaptureFixture[str], offset: str) -> None:
     """`--from -5` read from 0 as if nothing was wrong."""
     import starter
 
     with pytest.raises(SystemExit) as raised:
-        starter.build_parser().parse_args(["watch", "x", "--from", "-5"])
+        starter.build_parser().parse_args(["watch", "x", "--from", offset])
     assert raised.value.code == 2
-    assert "an offset is 0 or more, not -5" in capsys.readouterr().err
+    assert f"an offset is 0 or more, not {offset}" in capsys.readouterr().err
 
 
 async def test_watch_says_how_the_conversation_ended(stack: Stack) -> None:
@@ -1303,16 +1311,10 @@ async def test_chat_ctrl_c_after_an_aborted_run_aborts_the_next_run_too(stack: S
     stack.script({"tool_calls": [{"id": "call_one", **slow}]}, {"tool_calls": [{"id": "call_two", **slow}]})
     child, workflow_id = await start_chat(stack)
 
-    child.send("run the slow tool\r")
-    await expect(child, "⚙ slow(seconds=5)")
-    child.sendcontrol("c")
-    await expect(child, "aborting the run")
-    await expect(child, "Request was aborted")
-    child.send("run it again\r")
-    await expect(child, "⚙ slow(seconds=5)")
-    child.sendcontrol("c")
-    await expect(child, "aborting the run (Ctrl-C again leaves the chat)")
-    await expect(child, "Request was aborted")
+    await abort_with_ctrl_c(child, "run the slow tool", "⚙ slow(seconds=5)")
+    await abort_with_ctrl_c(
+        child, "run it again", "⚙ slow(seconds=5)", "aborting the run (Ctrl-C again leaves the chat)"
+    )
     await leave(child, workflow_id)
 
     idle = await Conversation.attach(stack.client, workflow_id).wait_for_idle()
@@ -1413,14 +1415,6 @@ async def test_starter_wait_exits_1_when_the_run_ended_in_error(stack: Stack) ->
         1,
         '{"runs": 1, "stopReason": "error"}\n',
     )
-
-
-def test_watch_refuses_offset_minus_one(capsys: pytest.CaptureFixture[str]) -> None:
-
-    with pytest.raises(SystemExit) as raised:
-        cli.build_parser().parse_args(["watch", "x", "--from", "-1"])
-    assert raised.value.code == 2
-    assert "an offset is 0 or more, not -1" in capsys.readouterr().err
 
 
 async def test_starter_stop_ends_the_run_after_its_turn_not_aborted(stack: Stack) -> None:
