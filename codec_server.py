@@ -119,7 +119,7 @@ async def _codec(request: web.Request) -> web.Response:
         raise Refused(405, f"Use POST for /{action}, not {request.method}.")
     payloads = await _read_payloads(request)
     converter = request.app[_CONVERTER]
-    namespace = request.headers.get("X-Namespace") or "default"
+    namespace = _namespace(request)
     # The UI asks /download for a stored payload that /decode left as a
     # reference; this /decode never does, but the answer would be the same.
     if action in ("decode", "download"):
@@ -129,6 +129,16 @@ async def _codec(request: web.Request) -> web.Response:
     body = json_format.MessageToDict(Payloads(payloads=result))
     body.setdefault("payloads", [])  # proto3 JSON leaves an empty list out; the UI reads it
     return web.json_response(body)
+
+
+def _namespace(request: web.Request) -> str:
+    """The request's X-Namespace (``default`` without one), or a 400 for bytes no name has."""
+    namespace = request.headers.get("X-Namespace") or "default"
+    try:
+        namespace.encode()
+    except UnicodeEncodeError:  # aiohttp keeps a header's undecodable bytes as surrogates
+        raise Refused(400, "The X-Namespace header is not UTF-8 text: send the namespace's name.") from None
+    return namespace
 
 
 async def _read_payloads(request: web.Request) -> list[Payload]:
@@ -356,7 +366,7 @@ async def _bearer_token(request: web.Request, handler: Handler) -> web.StreamRes
     token = request.app[_SETTINGS].token
     if token:
         sent = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        if not hmac.compare_digest(sent.encode(errors="surrogateescape"), f"Bearer {token}".encode()):
             raise Refused(401, "This codec server wants Authorization: Bearer <AGENT_CODEC_TOKEN>.")
     return await handler(request)
 
@@ -364,7 +374,10 @@ async def _bearer_token(request: web.Request, handler: Handler) -> web.StreamRes
 def _refusal(request: web.Request, refused: Refused) -> web.Response:
     log.warning("%s %s -> %d: %s", request.method, request.path, refused.status, refused.sentence)
     headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else None
-    return web.Response(status=refused.status, text=refused.sentence + "\n", headers=headers)
+    body = (refused.sentence + "\n").encode(errors="backslashreplace")  # a header's undecodable bytes
+    return web.Response(
+        status=refused.status, body=body, content_type="text/plain", charset="utf-8", headers=headers
+    )
 
 
 # --- the process --------------------------------------------------------------------

@@ -10,6 +10,7 @@ conversations on the shared worker.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import os
@@ -40,7 +41,7 @@ from codec_server import MAX_PAYLOADS, CodecSettings, build_app, settings_from
 from runtime.payloads import StoreContextCachingConverter, data_converter
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, temporal_cli
-from tests.support.s3 import use_fake_s3
+from tests.support.s3 import denying_s3, use_fake_s3
 from tests.support.serving import serving
 from tests.support.stack import Stack
 
@@ -613,3 +614,334 @@ async def test_encode_refuses_a_payload_no_plain_client_writes(codec: LocalCodec
     for encoding in (b"binary/zlib", b"binary/encrypted", b"binary/refused"):
         status, text = await codec.call("encode", as_json([payload(b"x" * 10, encoding)]))
         assert_one_sentence(status, text, 422, "Payload 0", encoding.decode(), "cannot encode")
+
+
+PLAIN = base64.b64encode(b"json/plain").decode()
+
+
+# --- the protocol ---------------------------------------------------------------------------
+
+
+async def test_an_unknown_endpoint_is_a_404_naming_the_right_ones(codec: LocalCodec) -> None:
+    """A misconfigured --codec-endpoint path is told where to POST."""
+    status, text = await codec.call("decoder", as_json([payload(b'"hi"')]))
+
+    assert_one_sentence(status, text, 404, "/encode", "/decode")
+
+
+async def test_a_get_is_told_to_post(codec: LocalCodec) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{codec.url}/decode") as response:
+        status, text = response.status, await response.text()
+
+    assert_one_sentence(status, text, 405, "Use POST")
+
+
+async def test_an_empty_request_gets_an_empty_payload_list(codec: LocalCodec) -> None:
+    """proto3 JSON drops an empty list; the UI reads `payloads` from the answer."""
+    status, text = await codec.call("decode", '{"payloads": []}')
+
+    assert status == 200 and json.loads(text) == {"payloads": []}
+
+
+async def test_download_gives_back_the_stored_payload_a_reference_names(codec: LocalCodec) -> None:
+    """The UI asks /download for a stored payload: it gets the payload, not the reference re-encoded."""
+    big = payload(hex_text(6000))
+    [reference] = await codec.converter.encode([RawValue(big)])
+    assert reference.metadata["encoding"] == b"json/protobuf"
+
+    assert await codec.payloads("download", [reference]) == [big]
+
+
+async def test_encode_without_a_namespace_header_stores_under_default(codec: LocalCodec) -> None:
+    [reference] = await codec.payloads("encode", [payload(hex_text(6000))])
+
+    assert json.loads(reference.data)["claimData"]["namespace"] == "default"
+
+
+async def test_url_safe_base64_data_is_read(codec: LocalCodec) -> None:
+    """Protobuf JSON parsers accept URL-safe base64 (another language's client may write it)."""
+    data = b'"??>>"'  # standard base64 "Ij8/Pj4i" has '/': URL-safe writes '_'
+    urlsafe = base64.urlsafe_b64encode(data).decode()
+    assert "_" in urlsafe
+    body = json.dumps({"payloads": [{"metadata": {"encoding": PLAIN}, "data": urlsafe}]})
+
+    status, text = await codec.call("decode", body)
+
+    assert status == 200, text
+    assert base64.b64decode(json.loads(text)["payloads"][0]["data"]) == data
+
+
+async def test_unpadded_base64_data_is_read(codec: LocalCodec) -> None:
+    data = b'"hi"'  # base64 "ImhpIg==": unpadded "ImhpIg"
+    body = json.dumps({"payloads": [{"metadata": {"encoding": PLAIN}, "data": "ImhpIg"}]})
+
+    status, text = await codec.call("decode", body)
+
+    assert status == 200, text
+    assert base64.b64decode(json.loads(text)["payloads"][0]["data"]) == data
+
+
+async def test_metadata_that_is_not_base64_is_refused_as_such(codec: LocalCodec) -> None:
+    body = json.dumps({"payloads": [{"metadata": {"encoding": "!!!"}, "data": "ImhpIg=="}]})
+
+    assert_one_sentence(*await codec.call("decode", body), 400, "Payload 0", "base64")
+
+
+async def test_data_with_a_non_ascii_character_is_refused_as_not_base64(codec: LocalCodec) -> None:
+    """Not a 500: one sentence saying what is wrong with the payload."""
+    body = json.dumps({"payloads": [{"metadata": {"encoding": PLAIN}, "data": "ImhpIg==\u00e9"}]})
+
+    assert_one_sentence(*await codec.call("decode", body), 400, "Payload 0", "base64")
+
+
+async def test_a_payload_in_an_unknown_encoding_gets_a_422_naming_it(codec: LocalCodec) -> None:
+    """README: an unknown encoding gets a 4xx with one sentence saying why."""
+    status, text = await codec.call("decode", as_json([payload(b"x", b"foo/bar")]))
+
+    assert_one_sentence(status, text, 422, "Payload 0", "foo/bar", "cannot decode")
+
+
+async def test_a_reference_for_another_storage_driver_gets_a_422_naming_the_settings(
+    codec: LocalCodec,
+) -> None:
+    """README: storage settings that do not match get a 4xx (not a 502 'store did not answer')."""
+    [reference] = await codec.converter.encode([RawValue(payload(hex_text(6000)))])
+    s3_reference = payload(
+        json.dumps({**json.loads(reference.data), "driverName": "aws.s3driver"}).encode(),
+        b"json/protobuf",
+        messageType=reference.metadata["messageType"],
+    )
+
+    status, text = await codec.call("decode", as_json([s3_reference]))
+
+    assert_one_sentence(status, text, 422, "Payload 0", "storage settings", "AGENT_STORAGE")
+
+
+async def test_encode_to_a_store_that_cannot_write_gets_a_502(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README: a 502 with one sentence when the payload store does not answer."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    converter = worker_converter(monkeypatch, not_a_dir)
+
+    async with serving(build_app(converter, CodecSettings())) as url:
+        status, text = await Endpoint(url).call("encode", as_json([payload(hex_text(6000))]))
+
+    assert_one_sentence(status, text, 502, "payload store")
+
+
+@pytest.mark.skipif(S3_EXTRA_MISSING, reason="S3 extra missing: pip install 'temporalio[aioboto3]'")
+async def test_a_store_that_refuses_reads_gets_a_502(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    """README: a 502 with one sentence when the payload store does not answer
+    (here S3 denies the read): not a 4xx blaming the request."""
+    use_fake_s3(monkeypatch, fake_s3[0])
+    writer = worker_converter(monkeypatch, Path("unused"), storage="s3://bucket/prefix")
+    [reference] = await writer.encode([RawValue(payload(hex_text(6000)))])
+    async with denying_s3() as url:
+        use_fake_s3(monkeypatch, url)
+        converter = worker_converter(monkeypatch, Path("unused"), storage="s3://bucket/prefix")
+        async with serving(build_app(converter, CodecSettings())) as codec_url:
+            status, text = await Endpoint(codec_url).call("decode", as_json([reference]))
+
+    assert_one_sentence(status, text, 502, "Payload 0", "payload store")
+
+
+async def test_a_body_past_64_mib_gets_a_413_sentence(codec: LocalCodec) -> None:
+    status, text = await codec.call("decode", " " * (codec_server.MAX_BODY_BYTES + 1))
+
+    assert_one_sentence(status, text, 413, "body size")
+
+
+# --- the browser's view (CORS) ---------------------------------------------------------------
+
+
+async def test_the_ui_may_send_credentials(guarded: Endpoint) -> None:
+    """The UI's "include credentials" setting fetches with credentials: the
+    browser then reads an answer only with Access-Control-Allow-Credentials."""
+    preflight = {"Origin": UI, "Access-Control-Request-Method": "POST"}
+    headers = {"Origin": UI, "Authorization": "Bearer s3cret"}
+    async with aiohttp.ClientSession() as session:
+        async with session.options(f"{guarded.url}/decode", headers=preflight) as response:
+            assert response.headers.get("Access-Control-Allow-Credentials") == "true"
+        async with session.post(
+            f"{guarded.url}/decode", data=as_json([payload(b'"hi"')]), headers=headers
+        ) as response:
+            assert response.status == 200
+            assert response.headers.get("Access-Control-Allow-Credentials") == "true"
+
+
+async def test_a_private_network_preflight_is_allowed(guarded: Endpoint) -> None:
+    """Chrome's Private Network Access: a UI served from a public address asks
+    before calling a loopback codec server."""
+    preflight = {
+        "Origin": UI,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Private-Network": "true",
+    }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.options(f"{guarded.url}/decode", headers=preflight) as response,
+    ):
+        assert response.status == 204
+        assert response.headers.get("Access-Control-Allow-Private-Network") == "true"
+
+
+async def test_an_answer_to_a_browser_varies_by_origin(guarded: Endpoint) -> None:
+    """A cache between the UI and the server must not hand one origin's answer to another."""
+    headers = {"Origin": UI, "Authorization": "Bearer s3cret"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{guarded.url}/decode", data=as_json([payload(b'"hi"')]), headers=headers) as response,
+    ):
+        assert "Origin" in response.headers.get("Vary", "")
+
+
+async def test_the_ui_can_read_a_refusal(guarded: Endpoint) -> None:
+    """A refusal to the UI's origin carries the CORS headers: the browser
+    hands the page the status and sentence instead of a network error."""
+    headers = {"Origin": UI, "Authorization": "Bearer s3cret"}
+    status, text = await guarded.call("decode", as_json([payload(b"x", b"foo/bar")]), headers)
+    assert status == 422, text
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{guarded.url}/decode", data=as_json([payload(b"x", b"foo/bar")]), headers=headers
+        ) as response,
+    ):
+        assert response.status == 422
+        assert response.headers.get("Access-Control-Allow-Origin") == UI
+
+
+async def test_the_token_without_the_bearer_scheme_is_refused(guarded: Endpoint) -> None:
+    """The header is compared whole: `Authorization: Bearer <token>`, nothing else."""
+    for header in ("s3cret", "Basic s3cret"):
+        status, text = await guarded.call("decode", as_json([payload(b'"hi"')]), {"Authorization": header})
+        assert_one_sentence(status, text, 401, "Bearer")
+
+
+# --- the process ---------------------------------------------------------------------------------
+
+
+def test_the_decode_bound_comes_from_agent_max_decompressed_bytes() -> None:
+    """README: what one request decodes to is bounded by AGENT_MAX_DECOMPRESSED_BYTES (413)."""
+    settings = Settings(storage="off", max_decompressed_bytes=3 * 1024 * 1024)
+
+    assert settings_from([], settings).max_decompressed_bytes == 3 * 1024 * 1024
+
+
+def test_a_cors_origin_given_with_a_trailing_slash_matches_the_browsers_origin() -> None:
+    """Browsers send `Origin: http://host:port` without a slash; a user may type one."""
+    assert settings_from(["--cors-origin", "http://localhost:9000/"]).cors_origins == (
+        "http://localhost:9000",
+    )
+
+
+def test_by_default_it_listens_on_loopback_only(tmp_path: Path) -> None:
+    """README: it listens on 127.0.0.1 unless --host says otherwise."""
+    process = subprocess.Popen(
+        [sys.executable, str(Path(codec_server.__file__)), "--port", "0"],
+        env={**__import__("os").environ, "AGENT_STORAGE_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+    assert line.startswith("codec server listening on http://127.0.0.1:"), line
+
+
+def test_an_ipv6_host_is_printed_as_a_url_that_answers(tmp_path: Path) -> None:
+    """`--host ::1` says `listening on http://[::1]:PORT`, a URL the CLI and the UI can use."""
+    import socket
+    import urllib.request
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    process = subprocess.Popen(
+        [sys.executable, str(Path(codec_server.__file__)), "--host", "::1", "--port", "0"],
+        env={**__import__("os").environ, "AGENT_STORAGE_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            pytest.skip(f"cannot listen on ::1 here: {process.stderr.read() if process.stderr else ''}")
+        url = line.strip().removeprefix("codec server listening on ")
+        request = urllib.request.Request(f"{url}/decode", data=b'{"payloads": []}', method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer = json.loads(response.read())
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+    assert url.startswith("http://[::1]:")
+    assert answer == {"payloads": []}
+
+
+def test_a_port_in_use_stops_the_server_with_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(Path(codec_server.__file__)), "--port", str(port)],
+            env={**__import__("os").environ, "AGENT_STORAGE_DIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    assert "Traceback" not in result.stderr
+
+
+async def raw_post(url: str, path: str, headers: bytes, body: bytes = b'{"payloads": []}') -> tuple[int, str]:
+    """A POST with header bytes no HTTP client library sends (not UTF-8)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\nConnection: close\r\n".encode()
+        + headers
+        + b"\r\n"
+        + body
+    )
+    answer = await reader.read()
+    writer.close()
+    head, _, text = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), text.decode()
+
+
+async def test_a_token_that_is_not_utf8_is_refused_as_a_wrong_token(guarded: Endpoint) -> None:
+    status, text = await raw_post(guarded.url, "/decode", b"Authorization: Bearer \xff\xfe\r\n")
+
+    assert_one_sentence(status, text, 401, "Bearer")
+
+
+async def test_an_origin_that_is_not_utf8_is_refused_with_a_sentence(guarded: Endpoint) -> None:
+    status, text = await raw_post(
+        guarded.url, "/decode", b"Authorization: Bearer s3cret\r\nOrigin: http://\xff.example\r\n"
+    )
+
+    assert_one_sentence(status, text, 403, "may not read payloads here")
+
+
+async def test_a_namespace_that_is_not_utf8_is_the_requests_fault_not_the_stores(codec: LocalCodec) -> None:
+    body = as_json([payload(b'"' + os.urandom(200_000).hex().encode() + b'"')])  # past the storage threshold
+
+    status, text = await raw_post(codec.url, "/encode", b"X-Namespace: t\xff\r\n", body.encode())
+
+    assert_one_sentence(status, text, 400, "X-Namespace")
