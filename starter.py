@@ -42,6 +42,7 @@ from temporalio.service import RPCError
 
 from client import AgentMessage, Conversation, PromptResult, Refused, StoppedWaiting, list_conversations
 from console import EventRenderer, approval_hint, chat, skipped_note, watch
+from console.render import terminal_safe
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
 
@@ -124,7 +125,7 @@ async def _stream_run(
     async for _, event in events:
         renderer.render(event)
         if event["type"] == "tool_approval_request":
-            console.print(approval_hint(conversation.id, event["toolCallId"]))
+            console.print(approval_hint(conversation.id, str(event.get("toolCallId", ""))))
         if event["type"] == "agent_end":
             renderer.end_line()
             return 1 if _ended_in_error(event["messages"]) else 0
@@ -499,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = asyncio.run(run_command(args))
     except (UserError, ServerUnreachable, SettingsError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {terminal_safe(str(err))}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         code = 130

@@ -40,7 +40,7 @@ from client import (
     SessionState,
 )
 from console.above_prompt import AbovePromptWriter
-from console.render import EventRenderer, skipped_note
+from console.render import EventRenderer, skipped_note, terminal_safe
 from runtime.settings import Settings
 
 HELP = """\
@@ -149,12 +149,12 @@ class ChatSession:
             if ended == _CONVERSATION_ENDED:
                 # How (closed, failed and why, terminated), as `watch` says it,
                 # and how to go on: attaching again shows the same end.
-                print(await self._conversation.how_it_ended())
+                print(terminal_safe(await self._conversation.how_it_ended()))
                 print("Go on from its first N messages in a new conversation with:")
                 print(f"  python starter.py fork {conversation_id} --at N")
             else:
                 if ended is not None:
-                    print(ended)
+                    print(terminal_safe(ended))
                 print("Left the chat; the conversation goes on. Re-attach with:")
                 print(f"  python starter.py chat --id {conversation_id}")
 
@@ -415,7 +415,7 @@ class ChatSession:
     def _say(self, text: str, style: str = "dim") -> None:
         """A line of the chat's own, above the prompt and above any line
         still streaming (which goes on undisturbed below it)."""
-        self._notes.print(Text(text, style=style))
+        self._notes.print(Text(terminal_safe(text), style=style))  # refusals quote what others sent
 
 
 def _message_text(message: AgentMessage) -> str:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from client import Conversation
-from console.render import EventRenderer, json_line, skipped_note
+from console.render import EventRenderer, json_line, skipped_note, terminal_safe
 
 
 async def watch(conversation: Conversation, *, as_json: bool, from_offset: int = 0) -> None:
@@ -32,10 +32,10 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
     finally:
         waiting.cancel()
     if as_json:  # stdout stays one JSON object per line
-        print(await conversation.how_it_ended(), file=sys.stderr, flush=True)
+        print(terminal_safe(await conversation.how_it_ended()), file=sys.stderr, flush=True)
     else:
         renderer.end_line()
-        console.print(await conversation.how_it_ended(), style="dim")
+        console.print(Text(terminal_safe(await conversation.how_it_ended()), style="dim"))
 
 
 def _show(
@@ -47,7 +47,9 @@ def _show(
     conversation: Conversation,
 ) -> None:
     if as_json:
-        print(json_line({"offset": offset, **event}), flush=True)
+        line = {"offset": offset, **event}
+        line["offset"] = offset  # the stream's offset, whatever the event itself carries
+        print(json_line(line), flush=True)
         return
     renderer.render(event)
     if event.get("type") == "tool_approval_request":
@@ -78,6 +80,6 @@ async def _say_when_no_worker_answers(conversation: Conversation) -> None:
 def approval_hint(conversation_id: str, call_id: str) -> Text:
     """How to decide a waiting call from another terminal (printed by watch and run)."""
     return Text(
-        f"  decide: python starter.py approve {conversation_id} {call_id} [--reject]",
+        terminal_safe(f"  decide: python starter.py approve {conversation_id} {call_id} [--reject]"),
         style="dim",
     )
