@@ -42,9 +42,20 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     never inside a tool's workspace; read from ``env`` (default
     ``os.environ``)."""
     env = os.environ if env is None else env
-    home = (env.get("HOME") or "").strip() or str(Path.home())
-    base = (env.get("XDG_DATA_HOME") or "").strip() or str(Path(home) / ".local" / "share")
+    base = (env.get("XDG_DATA_HOME") or "").strip() or str(Path(_home(env)) / ".local" / "share")
     return Path(base).resolve() / "durable-agent"
+
+
+def _home(env: Mapping[str, str]) -> str:
+    """The home directory ``~`` stands for in ``env``'s paths: its ``HOME``."""
+    return (env.get("HOME") or "").strip() or str(Path.home())
+
+
+def _expanded(raw: str, env: Mapping[str, str]) -> Path:
+    """``raw`` with a leading ``~`` (not ``~user``) as ``env``'s home."""
+    if raw == "~" or raw.startswith("~/"):
+        return Path(_home(env) + raw[1:])
+    return Path(raw).expanduser()
 
 
 @dataclass(frozen=True)
@@ -109,15 +120,23 @@ class Settings:
             value = env.get(name, "").strip()
             return value or default
 
-        data_dir = Path(text("AGENT_DATA_DIR") or default_data_dir(env)).expanduser().resolve()
+        def path(name: str, default: Path) -> Path:
+            raw = text(name)
+            return _expanded(raw, env).resolve() if raw else default.resolve()
+
+        def optional_path(name: str) -> Path | None:
+            raw = text(name)
+            return _expanded(raw, env).resolve() if raw else None
+
+        data_dir = path("AGENT_DATA_DIR", default_data_dir(env))
         settings = cls(
             address=text("TEMPORAL_ADDRESS", "localhost:7233") or "",
             namespace=text("TEMPORAL_NAMESPACE", "default") or "",
             task_queue=text("TEMPORAL_TASK_QUEUE", "agent") or "",
             ui_url=text("TEMPORAL_UI_URL", "http://localhost:8233") or "",
-            tls_cert=_optional_path(text("TEMPORAL_TLS_CERT")),
-            tls_key=_optional_path(text("TEMPORAL_TLS_KEY")),
-            tls_ca=_optional_path(text("TEMPORAL_TLS_CA")),
+            tls_cert=optional_path("TEMPORAL_TLS_CERT"),
+            tls_key=optional_path("TEMPORAL_TLS_KEY"),
+            tls_ca=optional_path("TEMPORAL_TLS_CA"),
             temporal_api_key=text("TEMPORAL_API_KEY"),
             default_model=text("AGENT_MODEL", "gpt-4o-mini") or "",
             openai_api_key=text("OPENAI_API_KEY"),
@@ -126,10 +145,10 @@ class Settings:
             tool_modules=tuple(_names(text("AGENT_TOOLS"))),
             local_tools=frozenset(_names(text("AGENT_LOCAL_TOOLS"))),
             tool_output_cap=int(_number(env, "AGENT_TOOL_OUTPUT_CAP", 50_000, whole=True)),
-            tool_output_dir=_path(text("AGENT_TOOL_OUTPUT_DIR"), data_dir / "tool-output"),
-            workspace=_path(text("AGENT_WORKSPACE"), Path.cwd()),
+            tool_output_dir=path("AGENT_TOOL_OUTPUT_DIR", data_dir / "tool-output"),
+            workspace=path("AGENT_WORKSPACE", Path.cwd()),
             storage=text("AGENT_STORAGE", "file") or "file",
-            storage_dir=_path(text("AGENT_STORAGE_DIR"), data_dir / "payloads"),
+            storage_dir=path("AGENT_STORAGE_DIR", data_dir / "payloads"),
             storage_threshold=int(
                 _number(
                     env,
@@ -146,7 +165,7 @@ class Settings:
                 _number(env, "AGENT_MAX_DECOMPRESSED_BYTES", DEFAULT_MAX_DECOMPRESSED_BYTES, whole=True)
             ),
             encryption_keys=encryption_keys(env),
-            encryption_key_file=_optional_path(text("AGENT_ENCRYPTION_KEY_FILE")),
+            encryption_key_file=optional_path("AGENT_ENCRYPTION_KEY_FILE"),
             sandbox_precompile=_switch(env, "AGENT_SANDBOX_PRECOMPILE", True),
             payload_walk=_switch(env, "AGENT_PAYLOAD_WALK", True),
             direct_model_post=_switch(env, "AGENT_DIRECT_MODEL_POST", True),
@@ -184,8 +203,14 @@ class Settings:
             ("TEMPORAL_TLS_KEY", self.tls_key),
             ("TEMPORAL_TLS_CA", self.tls_ca),
         ):
-            if path is not None and not path.is_file():
+            if path is None:
+                continue
+            if not path.is_file():
                 raise SettingsError(f"{name}={path} is not a readable file.")
+            try:
+                path.read_bytes()  # read by the connection later, where a failure is a traceback
+            except OSError as err:
+                raise SettingsError(f"{name}={path} cannot be read ({err.strerror or err}).") from None
         if self.max_decompressed_bytes < 1024 * 1024:
             raise SettingsError(
                 f"AGENT_MAX_DECOMPRESSED_BYTES={self.max_decompressed_bytes} is below 1 MiB: "
@@ -234,12 +259,15 @@ class Settings:
             raise SettingsError(
                 f"AGENT_WORKSPACE={self.workspace} is not a directory: the file tools read inside it."
             )
-        key_file = self.encryption_key_file
-        if key_file is not None and self.workspace in key_file.parents:
-            raise SettingsError(
-                f"AGENT_ENCRYPTION_KEY_FILE {key_file} is inside the tools' workspace {self.workspace}: "
-                "tools could read the keys. Keep it outside AGENT_WORKSPACE."
-            )
+        for setting, key_file in (
+            ("AGENT_ENCRYPTION_KEY_FILE", self.encryption_key_file),
+            ("TEMPORAL_TLS_KEY", self.tls_key),
+        ):
+            if key_file is not None and self.workspace in key_file.parents:
+                raise SettingsError(
+                    f"{setting} {key_file} is inside the tools' workspace {self.workspace}: "
+                    "tools could read the key. Keep it outside AGENT_WORKSPACE."
+                )
 
     def check_writable(self) -> None:
         """For the worker, before it takes work: the directories it writes
@@ -294,14 +322,6 @@ def _unwritable(path: Path) -> str | None:
 
 def _names(raw: str | None) -> list[str]:
     return [name.strip() for name in (raw or "").split(",") if name.strip()]
-
-
-def _path(raw: str | None, default: Path) -> Path:
-    return Path(raw).expanduser().resolve() if raw else default.resolve()
-
-
-def _optional_path(raw: str | None) -> Path | None:
-    return Path(raw).expanduser().resolve() if raw else None
 
 
 def _number(
@@ -401,7 +421,7 @@ def encryption_keys(env: Mapping[str, str]) -> tuple[tuple[str, bytes], ...]:
         key = _key_bytes(value, name)
         return ((key_id_of(key), key),)
     if name == "AGENT_ENCRYPTION_KEY_FILE":
-        path = Path(value).expanduser()
+        path = _expanded(value, env)
         try:
             text = path.read_text()
         except OSError as err:

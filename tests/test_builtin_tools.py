@@ -493,6 +493,25 @@ def test_a_workspace_inside_the_worker_data_or_holding_its_key_file_is_refused(t
         ).check_workspace()
 
 
+def test_a_tls_private_key_inside_the_workspace_is_refused(tmp_path: Path) -> None:
+    """read_file would hand the worker's mTLS key to the model (and the history)."""
+    workspace = tmp_path / "ws"
+    (workspace / "certs").mkdir(parents=True)
+    for name in ("client.pem", "client.key"):
+        (workspace / "certs" / name).write_text("-----BEGIN-----\n")
+    settings = Settings.from_env(
+        {
+            "AGENT_DATA_DIR": str(tmp_path / "data"),
+            "AGENT_WORKSPACE": str(workspace),
+            "TEMPORAL_TLS_CERT": str(workspace / "certs" / "client.pem"),
+            "TEMPORAL_TLS_KEY": str(workspace / "certs" / "client.key"),
+        }
+    )
+
+    with pytest.raises(SettingsError, match=r"TEMPORAL_TLS_KEY .* is inside the tools' workspace"):
+        settings.check_workspace()
+
+
 async def test_a_huge_line_is_not_read_to_its_end(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 4 GiB file with no line break took 15 s to show its first line cut
     (the rest of the line was read to skip it), holding a thread meanwhile."""
