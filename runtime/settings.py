@@ -54,7 +54,7 @@ def _home(env: Mapping[str, str]) -> str:
 def _expanded(raw: str, env: Mapping[str, str]) -> Path:
     """``raw`` with a leading ``~`` (not ``~user``) as ``env``'s home."""
     if raw == "~" or raw.startswith("~/"):
-        return Path(_home(env) + raw[1:])
+        return Path(_home(env), raw[2:])
     return Path(raw).expanduser()
 
 
