@@ -254,9 +254,9 @@ async def cmd_messages(client: Client, settings: Settings, args: argparse.Namesp
 async def cmd_list(client: Client, settings: Settings, args: argparse.Namespace) -> int:
     rows = [
         (
-            found.id,
+            terminal_safe(found.id),  # anyone may start or configure a conversation
             found.status or "-",
-            found.model or "-",
+            terminal_safe(found.model or "-"),
             # None: the server keeps no Agent* search attributes (not zero).
             "- turns" if found.turns is None else f"{found.turns} turns",
             "- tokens" if found.total_tokens is None else f"{found.total_tokens:,} tokens",
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--system", help="system prompt")
         sub.add_argument("--thinking", choices=THINKING_LEVELS)
         sub.add_argument("--tools", help="comma-separated tool names (default: all the worker has)")
-        sub.add_argument("--max-turns", type=int, help="most model calls in one run")
+        sub.add_argument("--max-turns", type=_count, help="most model calls in one run")
 
     def start_settings(sub: argparse.ArgumentParser) -> None:
         agent_settings(sub)
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     configure.add_argument("--tool-execution", choices=["parallel", "sequential"])
     configure.add_argument("--steering-mode", choices=["one-at-a-time", "all"])
     configure.add_argument("--follow-up-mode", choices=["one-at-a-time", "all"])
-    configure.add_argument("--max-total-tokens", type=int, help="token budget of the conversation")
+    configure.add_argument("--max-total-tokens", type=_count, help="token budget of the conversation")
     configure.add_argument("--max-cost", type=float, help="cost budget of the conversation")
     configure.add_argument(
         "--approval-timeout",
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--status", choices=["idle", "running", "awaiting-approval", "closed"])
     listing.add_argument("--model")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=_count, default=50)
     approve = commands.add_parser("approve", help="decide a tool call that waits for approval")
     approve.add_argument("id")
     approve.add_argument("call_id")
@@ -492,6 +492,18 @@ def _offset(text: str) -> int:
         raise argparse.ArgumentTypeError(f"an offset is a whole number, not {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"an offset is 0 or more, not {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    """A count: a whole number, 1 or more (0 would be refused by the
+    conversation, or a listing would show nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a count is a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a count is 1 or more, not {value}")
     return value
 
 
