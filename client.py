@@ -67,6 +67,7 @@ from workflows.contract import (
     SettingsInForce,
     WaitForIdleResult,
     item_payload,
+    start_input_problem,
 )
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
 
@@ -282,6 +283,9 @@ class Conversation:
             input["prompt"] = _wire(prompt)
         if messages:
             input["messages"] = MessageList.dump_python(messages, mode="json")
+        problem = start_input_problem(input)  # the workflow would fail the conversation at once
+        if problem is not None:
+            raise Refused(problem)
         try:
             await start_conversation(client, conversation_id, input, task_queue=task_queue)
         except WorkflowAlreadyStartedError:

@@ -4,6 +4,7 @@ against the dev server, the shared worker and the scripted model."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from client import Conversation, ConversationNotFound, Refused, StoppedWaiting, list_conversations
+from runtime.settings import Settings
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 from tests.support.tools import guarded_call
@@ -855,3 +857,26 @@ async def test_list_finds_a_model_whose_name_has_a_quote(stack: Stack) -> None:
     assert await listed() == [conversation.id]
     widened = f"{model}' OR AgentModel != '"
     assert [found.id async for found in list_conversations(stack.client, model=widened)] == []
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"max_turns": 0}, "maxTurns"),
+        ({"sytem_prompt": "Be brief."}, "Unknown start input key(s) sytemPrompt"),
+        ({"thinking_level": "extreme"}, "thinkingLevel"),
+    ],
+)
+async def test_a_start_the_workflow_would_refuse_is_refused_before_anything_starts(
+    client: Client, options: dict[str, Any], said: str
+) -> None:
+    """The workflow fails such a start at once; `Conversation.start` used to
+    return as if it had started, and the next call found it failed."""
+    conversation_id = f"test-{uuid.uuid4().hex[:10]}"
+
+    with pytest.raises(Refused, match=re.escape(said)):
+        await Conversation.start(client, Settings.from_env(), id=conversation_id, **options)
+
+    with pytest.raises(RPCError) as missing:
+        await client.get_workflow_handle(conversation_id).describe()
+    assert missing.value.status == RPCStatusCode.NOT_FOUND

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         SessionState,
         SettingsInForce,
         WaitForIdleResult,
+        start_input_problem,
     )
     from workflows.inputs import (
         InputError,
@@ -166,35 +167,6 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _keys(model: type[SessionSettings]) -> frozenset[str]:
-    """The keys ``model`` reads: camelCase aliases and snake_case names."""
-    return frozenset(key for name, f in model.model_fields.items() for key in (name, f.alias) if key)
-
-
-_START_KEYS = _keys(SessionInput)
-_SETTINGS_KEYS = _keys(SessionSettings)
-# What a refusal lists: the camelCase keys, without the internal `carry`.
-_START_KEYS_TOLD = ", ".join(
-    sorted(f.alias or name for name, f in SessionInput.model_fields.items() if name != "carry")
-)
-
-
-def _strict_start_input_error(raw: dict[str, Any]) -> str | None:
-    """Why a start input the models accept is still refused: a key the
-    workflow does not know (a misspelt ``sytemPrompt``), or a setting of the
-    wrong JSON type that lax validation would coerce (``"maxTurns": true``
-    read as 1, ``"10"`` as 10)."""
-    unknown = [str(key) for key in raw if key not in _START_KEYS]
-    if unknown:
-        return f"Unknown start input key(s) {', '.join(unknown)}: the start input takes {_START_KEYS_TOLD}."
-    settings = {key: value for key, value in raw.items() if key in _SETTINGS_KEYS}
-    try:
-        SessionSettings.model_validate_json(json.dumps(clean_json(settings)), strict=True)
-    except ValidationError as err:
-        return validation_text("The start input is invalid", err)
-    return None
-
-
 def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
     """An update validator whose ``InputError`` refuses the update as the
     handlers' own failures do: type ``InvalidInput``, not retryable (else
@@ -275,7 +247,7 @@ class AgentWorkflow:
             if nesting_depth(raw, START_INPUT_NESTING) > START_INPUT_NESTING:
                 raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
-            self._strict_input_error = _strict_start_input_error(raw)
+            self._strict_input_error = start_input_problem(raw)
             if session_input.carry is not None and (info.continued_run_id is None or info.cron_schedule):
                 raise InputError(
                     "`carry` is internal (it hands a conversation to its next run when it "

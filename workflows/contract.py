@@ -8,12 +8,14 @@ well as snake_case Python keyword arguments.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
+from workflows.inputs import clean_json, validation_text
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -303,6 +305,38 @@ class ToolRequest(WireModel):
 SessionCarry.model_rebuild()
 SessionInput.model_rebuild()
 
+
+def _keys(model: type[SessionSettings]) -> frozenset[str]:
+    """The keys ``model`` reads: camelCase aliases and snake_case names."""
+    return frozenset(key for name, f in model.model_fields.items() for key in (name, f.alias) if key)
+
+
+_START_KEYS = _keys(SessionInput)
+_SETTINGS_KEYS = _keys(SessionSettings)
+# What a refusal lists: the camelCase keys, without the internal `carry`.
+_START_KEYS_TOLD = ", ".join(
+    sorted(f.alias or name for name, f in SessionInput.model_fields.items() if name != "carry")
+)
+
+
+def start_input_problem(raw: dict[str, Any]) -> str | None:
+    """Why a start input the models accept is still refused: a key the
+    workflow does not know (a misspelt ``sytemPrompt``), or a setting of the
+    wrong JSON type that lax validation would coerce (``"maxTurns": true``
+    read as 1, ``"10"`` as 10), or out of range (``"maxTurns": 0``). The
+    workflow refuses such a start (the conversation fails); the client asks
+    first, so a script or the CLI hears it before anything starts."""
+    unknown = [str(key) for key in raw if key not in _START_KEYS]
+    if unknown:
+        return f"Unknown start input key(s) {', '.join(unknown)}: the start input takes {_START_KEYS_TOLD}."
+    settings = {key: value for key, value in raw.items() if key in _SETTINGS_KEYS}
+    try:
+        SessionSettings.model_validate_json(json.dumps(clean_json(settings)), strict=True)
+    except ValidationError as err:
+        return validation_text("The start input is invalid", err)
+    return None
+
+
 __all__ = [
     "AgentSettings",
     "ApprovalRequest",
@@ -325,4 +359,5 @@ __all__ = [
     "ToolExecutionMode",
     "ToolOutcome",
     "WaitForIdleResult",
+    "start_input_problem",
 ]
