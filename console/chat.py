@@ -38,6 +38,7 @@ from client import (
     PendingApproval,
     Refused,
     SessionState,
+    StoppedWaiting,
 )
 from console.above_prompt import AbovePromptWriter
 from console.render import EventRenderer, skipped_note, terminal_safe
@@ -221,7 +222,7 @@ class ChatSession:
             try:
                 if not await self._act(line):
                     return
-            except Refused as err:
+            except (Refused, StoppedWaiting) as err:
                 self._say(f"✗ {err}", "red")
             except RPCError as err:
                 self._say(f"✗ {err.message}", "red")
@@ -396,8 +397,12 @@ class ChatSession:
         pending = self._approvals.get(call_id)
         try:
             await self._conversation.approve(call_id, approved, reason)
-        finally:
-            self._approvals.pop(call_id, None)  # decided, here or elsewhere
+        except (Refused, StoppedWaiting):  # decided elsewhere, or this decision is on its way
+            self._approvals.pop(call_id, None)
+            raise
+        # Any other failure (the server unreachable) decided nothing: the call
+        # still waits here, so the next y/n goes to it, not to the model.
+        self._approvals.pop(call_id, None)
         name = f"{pending.tool_name} ({call_id})" if pending else call_id
         if approved:
             self._say(f"✓ approved {name}", "green")

@@ -1,0 +1,383 @@
+"""The terminal chat's commands, told apart without a server: a fake
+conversation records what the chat would send, ``capsys`` what it says."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import pytest
+from rich.console import Console
+from temporalio.service import RPCError, RPCStatusCode
+
+from client import StoppedWaiting
+from console.chat import ChatSession, _describe
+from console.render import EventRenderer
+from workflows.contract import SessionState
+from workflows.models import Usage
+
+
+def _state(**fields: Any) -> SessionState:
+    base: dict[str, Any] = {
+        "status": "idle",
+        "is_streaming": False,
+        "pending_tool_calls": [],
+        "message_count": 0,
+        "steering_queue": 0,
+        "follow_up_queue": 0,
+        "turns": 0,
+        "runs": 0,
+        "usage": Usage(),
+        "event_offset": 0,
+    }
+    return SessionState(**{**base, **fields})
+
+
+class _Fake:
+    """A conversation that records what the chat sends (no server)."""
+
+    id = "c"
+
+    def __init__(self, **state: Any) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+        self.current = _state(**state)
+        self.queued: list[Any] = []
+
+    async def state(self) -> SessionState:
+        return self.current
+
+    async def send_prompt(self, text: str) -> None:
+        self.sent.append(("prompt", text))
+
+    async def steer(self, text: str) -> None:
+        self.sent.append(("steer", text))
+
+    async def follow_up(self, text: str) -> None:
+        self.sent.append(("follow_up", text))
+
+    async def abort(self) -> None:
+        self.sent.append(("abort",))
+
+    async def stop_after_turn(self) -> None:
+        self.sent.append(("stop_after_turn",))
+
+    async def approve(self, call_id: str, approved: bool, reason: str | None) -> None:
+        self.sent.append(("approve", call_id, approved, reason))
+
+    async def clear_queues(self, which: str) -> list[Any]:
+        self.sent.append(("clear_queues", which))
+        removed, self.queued = self.queued, []
+        return removed
+
+    async def configure(self, **settings: Any) -> SessionState:
+        self.sent.append(("configure", settings))
+        self.current = self.current.model_copy(update=settings)
+        return self.current
+
+
+def _chat(conversation: Any) -> ChatSession:
+    chat = ChatSession(conversation)
+    chat._renderer = EventRenderer(Console(file=io.StringIO()))
+    return chat
+
+
+def _request(call_id: str) -> dict[str, Any]:
+    return {
+        "type": "tool_approval_request",
+        "toolCallId": call_id,
+        "toolName": "x",
+        "args": {},
+        "reason": "r",
+    }
+
+
+# --- runs ------------------------------------------------------------------------
+
+
+async def test_an_empty_line_sends_nothing() -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    assert await chat._act("")
+    assert await chat._act("   ")
+    assert fake.sent == []
+
+
+async def test_followup_without_text_says_how_to_use_it_and_queues_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake(status="running")
+    chat = _chat(fake)
+    assert await chat._act("/followup")
+    assert fake.sent == []
+    assert "Usage: /followup TEXT" in capsys.readouterr().out
+
+
+async def test_abort_while_idle_says_no_run_is_active_and_sends_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake(status="idle")
+    chat = _chat(fake)
+    assert await chat._act("/abort")
+    assert fake.sent == []
+    assert "No run is active." in capsys.readouterr().out
+
+
+async def test_stop_while_idle_says_no_run_is_active_and_sends_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake(status="idle")
+    chat = _chat(fake)
+    assert await chat._act("/stop")
+    assert fake.sent == []
+    assert "No run is active." in capsys.readouterr().out
+
+
+async def test_stop_ends_the_run_after_its_turn_instead_of_aborting_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake(status="running")
+    chat = _chat(fake)
+    assert await chat._act("/stop")
+    assert fake.sent == [("stop_after_turn",)]
+    assert "the run ends after the current turn" in capsys.readouterr().out
+
+
+# --- queues ----------------------------------------------------------------------
+
+
+async def test_clear_takes_the_queue_name_as_the_help_spells_it() -> None:
+    """`/clear followUp` (as /help and the README write it) clears the follow-up queue."""
+    fake = _Fake()
+    chat = _chat(fake)
+    assert await chat._act("/clear followUp")
+    assert await chat._act("/clear steering")
+    assert fake.sent == [("clear_queues", "followUp"), ("clear_queues", "steering")]
+
+
+async def test_clear_with_nothing_queued_says_so_and_restores_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    assert await chat._act("/clear")
+    assert "Nothing was queued." in capsys.readouterr().out
+    assert chat._restore == ""
+
+
+# --- settings --------------------------------------------------------------------
+
+
+async def test_model_thinking_system_and_tools_without_an_argument_show_the_setting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake(model="m-1", thinking_level="high", system_prompt="Be brief.", tools=["echo", "calculator"])
+    chat = _chat(fake)
+    for command in ("/model", "/thinking", "/system", "/tools"):
+        assert await chat._act(command)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["model: m-1", "thinking: high", "system prompt: Be brief.", "tools: echo, calculator"]
+    assert fake.sent == []
+
+
+async def test_system_without_a_prompt_set_shows_none(capsys: pytest.CaptureFixture[str]) -> None:
+    chat = _chat(_Fake(system_prompt=None))
+    assert await chat._act("/system")
+    assert capsys.readouterr().out == "system prompt: (none)\n"
+
+
+async def test_tools_names_are_trimmed_and_empty_ones_dropped() -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    assert await chat._act("/tools echo, calculator,")
+    assert fake.sent == [("configure", {"tools": ["echo", "calculator"]})]
+
+
+def test_state_shows_the_last_error() -> None:
+    assert "last error: the model failed" in _describe(_state(error_message="the model failed"))
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+async def test_an_unknown_command_is_named_and_points_to_help(capsys: pytest.CaptureFixture[str]) -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    assert await chat._act("/modle gpt")
+    assert fake.sent == []
+    assert "Unknown command /modle: /help lists the commands." in capsys.readouterr().out
+
+
+async def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    chat = _chat(_Fake())
+    assert await chat._act("/help")
+    out = capsys.readouterr().out
+    for command in (
+        "/followup",
+        "/abort",
+        "/stop",
+        "/model",
+        "/clear",
+        "/reset",
+        "/approve",
+        "/reject",
+        "/quit",
+    ):
+        assert command in out
+
+
+# --- approvals ----------------------------------------------------------------------
+
+
+async def test_a_y_after_the_run_ended_is_a_prompt_not_an_approval() -> None:
+    """A run that ended (aborted, say) while calls waited takes them with it:
+    the prompt no longer asks "approve ...? y/n" and a typed `y` starts a run."""
+    fake = _Fake(status="idle")
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    chat._observe({"type": "agent_end", "messages": []})
+    assert chat._approvals == {}
+    assert await chat._act("y")
+    assert fake.sent == [("prompt", "y")]
+
+
+def test_a_second_waiting_call_says_it_comes_after_the_ones_before_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    chat = _chat(None)
+    chat._observe(_request("c1"))
+    chat._observe(_request("c2"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "y approves" in line]
+    assert lines == [
+        "  y approves, n [reason] rejects",
+        "  y approves, n [reason] rejects (after the ones before it)",
+    ]
+
+
+async def test_approve_takes_the_call_id_before_any_further_words() -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    chat._observe(_request("c2"))
+    assert await chat._act("/approve c2 please")
+    assert fake.sent == [("approve", "c2", True, None)]
+
+
+# --- reading lines -----------------------------------------------------------------
+
+
+def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> None:
+    """Make the chat's input line return ``lines`` one by one (an exception
+    class is raised, as prompt_toolkit raises EOFError on Ctrl-D)."""
+    pending = list(lines)
+
+    async def prompt_async(*_: Any, **__: Any) -> str:
+        item = pending.pop(0)
+        if isinstance(item, type):
+            raise item()
+        return item
+
+    chat._input.prompt_async = prompt_async  # type: ignore[method-assign]
+
+
+async def test_ctrl_d_leaves_the_chat() -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    _typed(chat, EOFError, "never read")
+    await chat._read_lines()
+    assert fake.sent == []
+
+
+async def test_a_server_error_is_one_red_line_and_the_chat_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+
+    async def unreachable() -> SessionState:
+        raise RPCError("the server is unreachable", RPCStatusCode.UNAVAILABLE, b"")
+
+    fake.state = unreachable  # type: ignore[method-assign]
+    _typed(chat, "hello", "/quit")
+    await chat._read_lines()
+    assert "✗ the server is unreachable" in capsys.readouterr().out
+
+
+async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake()
+
+    async def events(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("the stream broke")
+        yield  # an async generator
+
+    async def typing_forever() -> None:
+        await asyncio.Event().wait()
+
+    fake.events = events  # type: ignore[attr-defined]
+    chat = ChatSession(fake)  # type: ignore[arg-type]
+    chat._read_lines = typing_forever  # type: ignore[method-assign]
+    await chat.run(None, [])
+    out = capsys.readouterr().out
+    assert "The event stream failed: the stream broke\nLeft the chat; the conversation goes on." in out
+    assert "python starter.py chat --id c" in out
+
+
+async def test_a_request_the_server_stopped_answering_is_one_line_and_the_chat_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake()
+
+    async def not_answered(text: str) -> None:
+        raise StoppedWaiting(
+            "Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it."
+        )
+
+    fake.send_prompt = not_answered  # type: ignore[method-assign]
+    chat = _chat(fake)
+    _typed(chat, "hello", "/followup later", "/quit")
+    await chat._read_lines()
+    assert ("follow_up", "later") in fake.sent  # it went on reading after the first line
+    assert "✗ Stopped waiting for prompt" in capsys.readouterr().out
+
+
+async def test_a_decision_that_failed_to_reach_the_conversation_keeps_the_call_waiting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server did not take `y` (unreachable): the call still waits, so the
+    prompt still asks for it and the next `y` decides it; it is not sent to
+    the model as a steering message "y"."""
+    fake = _Fake(status="awaiting-approval")
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    approve = fake.approve
+
+    async def unreachable(*_: Any) -> None:
+        raise RPCError("the server is unreachable", RPCStatusCode.UNAVAILABLE, b"")
+
+    fake.approve = unreachable  # type: ignore[method-assign]
+    _typed(chat, "y", "/quit")
+    await chat._read_lines()
+    assert "✗ the server is unreachable" in capsys.readouterr().out
+    fake.approve = approve  # type: ignore[method-assign]
+    assert await chat._act("y")
+    assert fake.sent == [("approve", "c1", True, None)]
+
+
+async def test_approve_and_reject_with_no_call_waiting_say_so_and_send_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = _Fake()
+    chat = _chat(fake)
+    assert await chat._act("/approve")
+    assert await chat._act("/reject")
+    assert fake.sent == []
+    assert capsys.readouterr().out.count("No tool call is waiting for approval.") == 2
+
+
+async def test_ctrl_c_while_idle_leaves_without_aborting() -> None:
+    fake = _Fake(status="idle")
+    chat = _chat(fake)
+    assert not await chat._act(None)
+    assert fake.sent == []
