@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
 from temporalio.api.enums.v1 import PendingActivityState, PendingWorkflowTaskState
 from temporalio.client import (
     Client,
@@ -283,7 +284,9 @@ class Conversation:
             input["prompt"] = _wire(prompt)
         if messages:
             input["messages"] = MessageList.dump_python(messages, mode="json")
-        problem = start_input_problem(input)  # the workflow would fail the conversation at once
+        # As the workflow will read it (the converter's JSON: a set as a list,
+        # an enum as its value), which would fail the conversation at once.
+        problem = start_input_problem(to_jsonable_python(input))
         if problem is not None:
             raise Refused(problem)
         try:

@@ -880,3 +880,13 @@ async def test_a_start_the_workflow_would_refuse_is_refused_before_anything_star
     with pytest.raises(RPCError) as missing:
         await client.get_workflow_handle(conversation_id).describe()
     assert missing.value.status == RPCStatusCode.NOT_FOUND
+
+
+async def test_a_start_with_settings_the_converter_makes_json_is_not_refused(stack: Stack) -> None:
+    """A set of tools goes to the workflow as a list: the client's check
+    reads the input as it is sent, so it neither raises nor refuses it."""
+    stack.script({"text": "hello"})
+
+    chat = await stack.conversation(tools={"calculator"}, prompt="hi")
+
+    assert (await chat.state()).tools == ["calculator"]
