@@ -839,15 +839,20 @@ def test_a_cors_origin_given_with_a_trailing_slash_matches_the_browsers_origin()
     )
 
 
-def test_by_default_it_listens_on_loopback_only(tmp_path: Path) -> None:
-    """README: it listens on 127.0.0.1 unless --host says otherwise."""
-    process = subprocess.Popen(
-        [sys.executable, str(Path(codec_server.__file__)), "--port", "0"],
-        env={**__import__("os").environ, "AGENT_STORAGE_DIR": str(tmp_path)},
+def codec_server_process(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """``python codec_server.py args`` with its payload store under ``tmp_path``."""
+    return subprocess.Popen(
+        [sys.executable, str(Path(codec_server.__file__)), *args],
+        env={**os.environ, "AGENT_STORAGE_DIR": str(tmp_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_by_default_it_listens_on_loopback_only(tmp_path: Path) -> None:
+    """README: it listens on 127.0.0.1 unless --host says otherwise."""
+    process = codec_server_process(tmp_path, "--port", "0")
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -865,13 +870,7 @@ def test_an_ipv6_host_is_printed_as_a_url_that_answers(tmp_path: Path) -> None:
 
     if not socket.has_ipv6:
         pytest.skip("no IPv6")
-    process = subprocess.Popen(
-        [sys.executable, str(Path(codec_server.__file__)), "--host", "::1", "--port", "0"],
-        env={**__import__("os").environ, "AGENT_STORAGE_DIR": str(tmp_path)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = codec_server_process(tmp_path, "--host", "::1", "--port", "0")
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -898,7 +897,7 @@ def test_a_port_in_use_stops_the_server_with_one_line(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         result = subprocess.run(
             [sys.executable, str(Path(codec_server.__file__)), "--port", str(port)],
-            env={**__import__("os").environ, "AGENT_STORAGE_DIR": str(tmp_path)},
+            env={**os.environ, "AGENT_STORAGE_DIR": str(tmp_path)},
             capture_output=True,
             text=True,
             timeout=30,

@@ -77,11 +77,12 @@ def test_log_level_and_base_url_are_read_as_users_write_them() -> None:
     assert settings.log_level == "DEBUG"
 
 
-async def worker_refusal(env: dict[str, str], tmp_path: Path) -> str:
-    """What the worker prints on stderr; it must exit 2 before "worker ready"."""
+async def run_worker_py(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, str]:
+    """``worker.py args`` with ``env``: its exit code, stdout and stderr."""
     worker = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "worker.py"),
+        *args,
         cwd=tmp_path,
         env={**os.environ, "AGENT_DATA_DIR": str(tmp_path / "data"), **env},
         stdout=asyncio.subprocess.PIPE,
@@ -93,10 +94,17 @@ async def worker_refusal(env: dict[str, str], tmp_path: Path) -> str:
         worker.kill()  # it took the setting and is running: no refusal
         await worker.wait()
         raise
-    assert worker.returncode == 2, (out, err)
-    assert b"worker ready" not in out and b"Traceback" not in err, err
-    assert err.decode().count("\n") == 1, err
-    return err.decode()
+    assert worker.returncode is not None
+    return worker.returncode, out.decode(), err.decode()
+
+
+async def worker_refusal(env: dict[str, str], tmp_path: Path) -> str:
+    """What the worker prints on stderr; it must exit 2 before "worker ready"."""
+    code, out, err = await run_worker_py([], env, tmp_path)
+    assert code == 2, (out, err)
+    assert "worker ready" not in out and "Traceback" not in err, err
+    assert err.count("\n") == 1, err
+    return err
 
 
 @pytest.fixture
@@ -616,26 +624,6 @@ async def test_passing_llm_with_context_hooks_is_refused(client: Client, tmp_pat
 def test_the_worker_log_names_an_s3_store_by_its_url() -> None:
     line = what_must_match(Settings.from_env({"AGENT_STORAGE": "s3://agent-payloads/prod"}))
     assert line.endswith("; payload store: s3://agent-payloads/prod; encryption keys: none")
-
-
-async def run_worker_py(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "worker.py"),
-        *args,
-        cwd=tmp_path,
-        env={**os.environ, "AGENT_DATA_DIR": str(tmp_path / "data"), **env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 60)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 async def test_a_metrics_port_flag_outside_1_to_65535_is_refused(tmp_path: Path) -> None:
