@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -484,27 +484,25 @@ def _in_payload_store(err: OSError, settings: Settings) -> bool:
     )
 
 
-def _offset(text: str) -> int:
-    """An event offset: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"an offset is a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"an offset is 0 or more, not {value}")
-    return value
+def _whole(what: str, least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number, ``least`` or more, refused in
+    ``what``'s words ("an offset is 0 or more, not -5")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} is a whole number, not {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{what} is {least} or more, not {value}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    """A count: a whole number, 1 or more (0 would be refused by the
-    conversation, or a listing would show nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a count is a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a count is 1 or more, not {value}")
-    return value
+_offset = _whole("an offset", 0)  # an event offset
+# 0 turns or tokens would be refused by the conversation; a listing of 0 would show nothing.
+_count = _whole("a count", 1)
 
 
 def main(argv: list[str] | None = None) -> None:
