@@ -18,6 +18,9 @@ With a ``sealer`` (the encryption keys, ``runtime/encryption.py``) blobs are
 stored encrypted, under the digest of their plaintext, which is checked
 after decrypting. A blob that cannot be decrypted here (no key, another
 key) is reported missing but left alone: another process may hold its key.
+So is a torn encrypted one (its authentication fails just as another key's
+would); a write of the same content then skips it, and the context it held
+is sent inline each time it is needed.
 """
 
 from __future__ import annotations

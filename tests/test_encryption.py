@@ -18,18 +18,20 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from pydantic import BaseModel, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from activities.blobs import BlobMissing, FileBlobStore, S3BlobStore, digest_of
+from activities.blobs import SEALED_PREFIX, BlobMissing, FileBlobStore, S3BlobStore, checked_digest, digest_of
 from activities.context_store import ContextStore, Manifest
 from client import Conversation, ConversationNotFound, Refused
 from runtime.connect import connect
-from runtime.encryption import ENCRYPTED, KEY_ID, Keyring
+from runtime.converter import REFUSED, AgentPayloadConverter, refused_payload
+from runtime.encryption import ENCRYPTED, KEY_ID, Keyring, Undecryptable, UnknownKey, _payload_context
 from runtime.payloads import blob_store, data_converter, probe_s3_storage
-from runtime.settings import Settings, SettingsError
+from runtime.settings import Settings, SettingsError, key_id_of
 from testbed.local_stack import CodecServer, DevServer, start_worker, stop_process
 from testbed.scripted_model import ScriptedModelServer
 from tests.support.s3 import use_fake_s3
@@ -574,3 +576,313 @@ async def test_the_s3_probe_refusal_shows_no_secret_the_store_echoed(monkeypatch
 
     assert "AccessDenied" in str(refused.value)
     assert secret not in str(refused.value)
+
+
+BLOB = b'{"role": "user", "content": "audit"}'
+
+
+# --- the keyring --------------------------------------------------------------------------------
+
+
+def test_a_keyring_without_keys_is_refused() -> None:
+    """A keyring built from no keys says so, rather than failing on its first use."""
+    with pytest.raises(ValueError, match="at least one key"):
+        Keyring([])
+
+
+def test_each_encryption_uses_a_fresh_nonce() -> None:
+    """AES-GCM is safe only if no nonce repeats under a key: one plaintext encrypts differently."""
+    keys = keyring(f"a:{KEY_A}")
+
+    (_, first), (_, second) = (keys.encrypt(b"same", b"ctx") for _ in range(2))
+
+    assert first[:12] != second[:12] and first != second
+
+
+def test_a_plaintext_blob_opens_as_none() -> None:
+    """``open_blob`` tells a blob written before encryption (no prefix) from a sealed one."""
+    assert keyring(f"a:{KEY_A}").open_blob(BLOB, digest_of(BLOB)) is None
+
+
+def test_a_sealed_blob_moved_under_another_digest_does_not_open(tmp_path: Path) -> None:
+    """A sealed blob is bound to its address: copied under another name it does not decrypt."""
+    keys = keyring(f"a:{KEY_A}")
+    other = digest_of(b"other content")
+    sealed = keys.seal_blob(BLOB, digest_of(BLOB))
+
+    with pytest.raises(Undecryptable):
+        keys.open_blob(sealed, other)
+    store = FileBlobStore(tmp_path, keys)
+    store.path(other).parent.mkdir(parents=True)
+    store.path(other).write_bytes(sealed)
+    with pytest.raises(BlobMissing, match="cannot be decrypted"):
+        store.read(other)
+
+
+def test_a_sealed_blob_whose_key_id_is_not_utf8_is_an_unknown_key() -> None:
+    """``open_blob`` raises one of its documented errors for any key id bytes, not UnicodeDecodeError."""
+    blob = SEALED_PREFIX + bytes([2]) + b"\xff\xfe" + os.urandom(40)
+
+    with pytest.raises(UnknownKey):
+        keyring(f"a:{KEY_A}").open_blob(blob, digest_of(BLOB))
+
+
+# --- the codec ----------------------------------------------------------------------------------
+
+
+async def test_a_payload_relabelled_with_another_key_id_does_not_decrypt() -> None:
+    """The key id is bound into the ciphertext: relabelled to another id of the same key, refused."""
+    converter = data_converter(settings_with(f"a:{KEY_A},b:{KEY_A}"))
+    [encrypted] = await converter.encode(["pay 10 EUR"])
+    relabelled = Payload(metadata={"encoding": ENCRYPTED, KEY_ID: b"b"}, data=encrypted.data)
+
+    with pytest.raises(ApplicationError, match="does not decrypt with key 'b'"):
+        await converter.decode([relabelled], [str])
+
+
+async def test_the_refusal_without_a_key_names_the_missing_key() -> None:
+    """A process without keys is told which key id the payload needs."""
+    [encrypted] = await data_converter(settings_with(f"2025-01:{KEY_A}")).encode(["secret"])
+
+    with pytest.raises(ApplicationError) as refused:
+        await data_converter(Settings(storage="off")).decode([encrypted], [str])
+
+    assert "(binary/encrypted, key '2025-01') but no encryption key is set here" in refused.value.message
+
+
+async def test_the_refusal_for_an_unknown_key_says_where_to_add_it() -> None:
+    """A process lacking the key a payload names is told its own key ids and the setting to add the key to."""
+    [encrypted] = await data_converter(settings_with(f"a:{KEY_A}")).encode(["secret"])
+
+    with pytest.raises(ApplicationError) as refused:
+        await data_converter(settings_with(f"b:{KEY_B},c:{KEY_A}")).decode([encrypted], [str])
+
+    assert refused.value.message == (
+        "A payload is encrypted with key 'a', which is not among this process's keys (b, c): "
+        "add it to AGENT_ENCRYPTION_KEYS."
+    )
+
+
+async def test_an_encrypted_payload_that_holds_no_payload_is_refused_not_raised() -> None:
+    """Data that decrypts under the right key but is no protobuf Payload is refused with a sentence."""
+    keys = keyring(f"a:{KEY_A}")
+    _, sealed = keys.encrypt(b"\xff\xff\xff", _payload_context("a"))
+    forged = Payload(metadata={"encoding": ENCRYPTED, KEY_ID: b"a"}, data=sealed)
+
+    with pytest.raises(ApplicationError) as refused:
+        await data_converter(settings_with(f"a:{KEY_A}")).decode([forged], [str])
+
+    assert refused.value.type == "PayloadRefused"
+    assert "decrypts with key 'a' but holds no payload" in refused.value.message
+
+
+async def test_a_key_id_that_is_not_utf8_is_refused_not_raised() -> None:
+    """Anyone who may signal can send any key id bytes: the codec refuses them, it does not raise."""
+    forged = Payload(metadata={"encoding": ENCRYPTED, KEY_ID: b"\xff\xfe"}, data=os.urandom(40))
+
+    with pytest.raises(ApplicationError) as refused:
+        await data_converter(settings_with(f"a:{KEY_A}")).decode([forged], [str])
+
+    assert (
+        refused.value.type == "PayloadRefused"
+        and "not among this process's keys (a)" in refused.value.message
+    )
+
+
+# --- the blob store -----------------------------------------------------------------------------
+
+
+def test_a_number_of_64_digits_is_not_a_digest() -> None:
+    """A digest read from a history must be a string: a JSON number of 64 digits is refused as one."""
+    with pytest.raises(ValueError, match="is not a content digest"):
+        checked_digest(int("1" * 64))
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [SEALED_PREFIX, SEALED_PREFIX + b"\x01a" + b"torn"],
+    ids=["prefix-only", "torn"],
+)
+def test_a_sealed_blob_that_is_cut_short_reads_as_missing(tmp_path: Path, blob: bytes) -> None:
+    """A torn encrypted blob (an unsynced context file after a power cut) reads as missing."""
+    store = FileBlobStore(tmp_path, keyring(f"a:{KEY_A}"), durable=False)
+    store.path(digest_of(BLOB)).parent.mkdir(parents=True)
+    store.path(digest_of(BLOB)).write_bytes(blob)
+
+    with pytest.raises(BlobMissing, match="cannot be decrypted"):
+        store.read(digest_of(BLOB))
+
+
+def test_a_blob_sealed_with_another_key_of_the_same_id_reads_as_missing(tmp_path: Path) -> None:
+    """Two processes with different keys under one id: the blob reads as missing, not an error."""
+    FileBlobStore(tmp_path, keyring(f"a:{KEY_A}")).write(digest_of(BLOB), BLOB)
+
+    with pytest.raises(BlobMissing, match="cannot be decrypted"):
+        FileBlobStore(tmp_path, keyring(f"a:{KEY_B}")).read(digest_of(BLOB))
+
+
+class _FailingSealer:
+    def seal_blob(self, data: bytes, digest: str) -> bytes:
+        raise RuntimeError("sealing failed")
+
+    def open_blob(self, blob: bytes, digest: str) -> bytes | None:
+        return None
+
+
+def test_a_write_that_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """A failed write (here, sealing) removes its temporary file: the store does not fill with debris."""
+    store = FileBlobStore(tmp_path, _FailingSealer())
+
+    with pytest.raises(RuntimeError, match="sealing failed"):
+        store.write(digest_of(BLOB), BLOB)
+
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_blob_already_stored_is_not_rewritten(tmp_path: Path) -> None:
+    """Content-addressed: a second write of the same digest leaves the stored file as it is."""
+    store = FileBlobStore(tmp_path, keyring(f"a:{KEY_A}"))
+    store.write(digest_of(BLOB), BLOB)
+    before = store.path(digest_of(BLOB)).read_bytes()
+
+    store.write(digest_of(BLOB), BLOB)
+
+    assert store.path(digest_of(BLOB)).read_bytes() == before  # sealing again would pick a new nonce
+
+
+class _RecordingS3:
+    """The S3 client's two calls, objects kept in a dict."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        self.objects[key] = data
+
+    async def get_object(self, *, bucket: str, key: str) -> bytes:
+        return self.objects[key]
+
+
+async def test_s3_put_refuses_a_name_that_is_not_a_digest_and_writes_nothing() -> None:
+    """A digest comes from a history a client may have written: no object is written under any other name."""
+    client = _RecordingS3()
+
+    with pytest.raises(ValueError, match="is not a content digest"):
+        await S3BlobStore(client, "bucket").put_many({"../../manifest": BLOB})
+
+    assert client.objects == {}
+
+
+# --- the payload converter ---------------------------------------------------------------------
+
+
+class _Note(BaseModel):
+    text: str
+
+
+def _json(data: bytes) -> Payload:
+    return Payload(metadata={"encoding": b"json/plain"}, data=data)
+
+
+def test_json_the_strict_parser_refuses_is_still_read_into_its_type() -> None:
+    """A lone surrogate escape (other encoders write it) reads as the model asked for, not a dict."""
+    [note] = AgentPayloadConverter().from_payloads([_json(b'{"text": "a \\ud800 b"}')], [_Note])
+
+    assert isinstance(note, _Note) and note.text == "a \ud800 b"
+
+
+def test_json_nested_beyond_any_parser_fails_for_good_with_the_nesting_advice() -> None:
+    """JSON nested past Python's recursion limit fails for good with the sentence, not a retry loop."""
+    deep = _json(b"[" * 100_000 + b"]" * 100_000)
+
+    with pytest.raises(ApplicationError) as refused:
+        AgentPayloadConverter().from_payloads([deep], [list])
+
+    assert refused.value.type == "PayloadDecodeError" and refused.value.non_retryable
+    assert refused.value.message.endswith("Send plain JSON nested at most 64 levels deep.")
+
+
+def test_a_value_of_the_wrong_type_is_left_to_the_caller() -> None:
+    """A readable payload of the wrong type raises pydantic's ValidationError for the caller to word."""
+    with pytest.raises(ValidationError):
+        AgentPayloadConverter().from_payloads([_json(b'{"text": 5}')], [_Note])
+
+
+def test_a_payload_in_no_encoding_is_refused_for_good_with_a_sentence() -> None:
+    """A payload with no encoding ends the conversation with a sentence naming it and the SDK's reason."""
+    with pytest.raises(ApplicationError) as refused:
+        AgentPayloadConverter().from_payloads([Payload(data=b"x")], [str])
+
+    assert refused.value.type == "PayloadDecodeError" and refused.value.non_retryable
+    assert refused.value.message.startswith(
+        "A payload could not be read (encoding none: 'Unknown payload encoding"
+    )
+
+
+def test_a_protobuf_payload_without_its_type_is_refused_with_the_reason() -> None:
+    """The refusal quotes why the SDK could not read it, not the SDK's wrapper ("Payload at index 0 ...")."""
+    typeless = Payload(metadata={"encoding": b"json/protobuf"}, data=b"{}")
+
+    with pytest.raises(ApplicationError) as refused:
+        AgentPayloadConverter().from_payloads([typeless], [str])
+
+    assert refused.value.message == (
+        "A payload could not be read (encoding json/protobuf: Unknown Protobuf type <unknown>). "
+        "Send plain JSON (json/plain)."
+    )
+
+
+def test_a_refusal_reads_as_one_sentence_ending_in_one_full_stop() -> None:
+    """A codec's reason that ends in a full stop is not doubled when the converter words the refusal."""
+    with pytest.raises(ApplicationError) as refused:
+        AgentPayloadConverter().from_payloads([refused_payload("was refused by the test.")], [str])
+
+    assert refused.value.message == "A payload was refused by the test."
+
+
+def test_a_refusal_reason_is_cut_to_500_characters() -> None:
+    """Anyone who may signal can send ``binary/refused`` with any text: the refusal stays short."""
+    forged = Payload(metadata={"encoding": REFUSED}, data=b"x" * 100_000)
+
+    with pytest.raises(ApplicationError) as refused:
+        AgentPayloadConverter().from_payloads([forged], [str])
+
+    assert refused.value.message == "A payload " + "x" * 500 + "."
+
+
+# --- key settings -------------------------------------------------------------------------------
+
+
+def test_a_key_longer_than_32_bytes_is_refused() -> None:
+    """AES-256 takes exactly 32 bytes: a longer key is refused at start with the sentence."""
+    longer = base64.b64encode(os.urandom(48)).decode()
+
+    with pytest.raises(SettingsError, match="must be 32 random bytes in base64"):
+        Settings.from_env({"AGENT_ENCRYPTION_KEYS": f"a:{longer}"})
+
+
+def test_the_id_derived_for_a_single_key_reveals_none_of_it_and_is_stable() -> None:
+    """AGENT_ENCRYPTION_KEY's derived id goes into every payload's metadata: it must not leak the key, and
+    every process with the key derives the same id."""
+    [(key_id, key)] = Settings.from_env({"AGENT_ENCRYPTION_KEY": KEY_A}).encryption_keys
+    [(again, _)] = Settings.from_env({"AGENT_ENCRYPTION_KEY": KEY_A}).encryption_keys
+
+    assert key_id == again == key_id_of(key)
+    encodings = (KEY_A, base64.urlsafe_b64encode(key).decode(), key.hex())
+    assert not any(key_id[i : i + 8] in e for e in encodings for i in range(len(key_id) - 7))
+
+
+def test_a_key_file_under_the_home_directory_is_found(tmp_path: Path) -> None:
+    """AGENT_ENCRYPTION_KEY_FILE=~/keys reads the file in the HOME the settings are given."""
+    (tmp_path / "keys").write_text(f"a:{KEY_A}\n")
+
+    settings = Settings.from_env({"AGENT_ENCRYPTION_KEY_FILE": "~/keys", "HOME": str(tmp_path)})
+
+    assert settings.encryption_keys == (("a", base64.b64decode(KEY_A)),)
+
+
+def test_spaces_around_the_colon_of_a_key_entry_are_ignored() -> None:
+    """``id : BASE64`` (as a person types it) is the same key as ``id:BASE64``."""
+    settings = Settings.from_env({"AGENT_ENCRYPTION_KEYS": f"a : {KEY_A}"})
+
+    assert settings.encryption_keys == (("a", base64.b64decode(KEY_A)),)
