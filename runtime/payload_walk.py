@@ -262,11 +262,19 @@ def refuse_unreadable_history(activation: Any) -> None:
     workflow then, and an update refused then is not in the history), so
     this worker lacks what that took. Signals are left to the SDK: one
     refused on its first read was dropped and is in the history, and a
-    replay drops it again."""
+    replay drops it again. Of a start, only its input counts: the workflow
+    never reads its memo, headers or last result, so one of those this
+    worker cannot read did not stop the first run and must not stop a
+    replay (that wedged the conversation: a mutation audit)."""
     for job in activation.jobs:
         if job.HasField("signal_workflow"):
             continue
-        reason = _refused_in(job)
+        if job.HasField("initialize_workflow"):
+            reason = next(
+                (r for p in job.initialize_workflow.arguments if (r := refused_reason(p)) is not None), None
+            )
+        else:
+            reason = _refused_in(job)
         if reason is not None:
             raise PayloadUnreadable(
                 f"A payload this conversation's history holds {reason} on this worker; the "

@@ -263,3 +263,30 @@ async def test_two_stored_payloads_just_past_the_request_budget_are_refused(tmp_
         status, text = await Endpoint(url).call("decode", as_json([reference] * 2))
 
     assert status == 413 and "AGENT_MAX_DECOMPRESSED_BYTES" in text, (status, text[:200])
+
+
+async def test_a_bomb_memo_does_not_stop_the_conversation_when_it_replays(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """A start memo the worker refuses is never read by the workflow: the
+    first run goes on, and so must a replay on a worker that has not got
+    the conversation in its cache (it failed every workflow task before)."""
+    from runtime.settings import Settings
+    from worker import build_worker
+
+    queue = f"memo-{uuid.uuid4().hex[:6]}"
+    settings = Settings.from_env(worker_env, task_queue=queue)
+    client = await plain_client(stack)
+    async with build_worker(stack.client, settings):
+        raw = await client.start_workflow(
+            "AgentWorkflow",
+            {"model": stack.model},
+            id=f"memo-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+            memo={"note": RawValue(BOMB)},
+        )
+        handle = stack.client.get_workflow_handle(raw.id)
+        await still_answers(stack, handle, "first")
+    async with build_worker(stack.client, settings):  # a new worker: the conversation replays
+        await asyncio.wait_for(still_answers(stack, handle, "after the replay"), 30)
+        await handle.signal("close")
