@@ -58,7 +58,7 @@ def _unreachable(settings: Settings, detail: str) -> str:
     certificate = re.search(r"InvalidCertificate\((\w+)", detail)
     if certificate:
         problem = certificate.group(1)
-        if problem == "NotValidForName":
+        if problem.startswith("NotValidForName"):  # rustls 0.23 says NotValidForNameContext { .. }
             return (
                 f"TLS to {where} failed: its certificate is not valid for that host name ({problem}). "
                 "Set TEMPORAL_ADDRESS to a name the certificate lists."
