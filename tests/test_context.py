@@ -4,11 +4,20 @@ grows linearly with the turns, not with their square."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from activities.blobs import FileBlobStore, digest_of
+from activities.context_store import ContextMissing, ContextStore, Manifest
+from runtime.settings import Settings
 from tests.support.stack import EventLog, Stack
+from workflows.models import MessageAdapter, UserMessage
 
 
 def llm_inputs(history: Any) -> list[bytes]:
@@ -135,7 +144,6 @@ def test_the_context_cache_skips_fsync_and_a_torn_blob_reads_as_missing(
 
     from activities.context_store import ContextMissing, ContextStore, Manifest
     from runtime.payloads import FileSystemStorageDriver, blob_store
-    from runtime.settings import Settings
     from workflows.models import UserMessage
 
     synced: list[int] = []
@@ -156,3 +164,167 @@ def test_the_context_cache_skips_fsync_and_a_torn_blob_reads_as_missing(
         path.write_bytes(path.read_bytes()[:5])  # torn: a prefix of the content survived
     with pytest.raises(ContextMissing):
         asyncio.run(ContextStore(blobs).load(digest))  # a fresh store: nothing cached
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage(content=text, timestamp=1)
+
+
+def texts(messages: list[Any]) -> list[str]:
+    return [m.content for m in messages]
+
+
+def put(root: Path, data: bytes) -> str:
+    """Store ``data`` under its digest, as another worker (or version) would have."""
+    digest = digest_of(data)
+    FileBlobStore(root).write_all({digest: data})
+    return digest
+
+
+class StalledBlobs(FileBlobStore):
+    """A store whose writes hang until released (a slow or hung S3)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.release = asyncio.Event()
+
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        await self.release.wait()
+        await super().put_many(blobs)
+
+
+class FailingBlobs(FileBlobStore):
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        raise OSError("the store is down")
+
+
+class SlowBlobs(FileBlobStore):
+    async def put_many(self, blobs: dict[str, bytes]) -> None:
+        await asyncio.sleep(0.1)
+        await super().put_many(blobs)
+
+
+# --- context_store.py --------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b'"a string"', b"42", b"not json at all"])
+async def test_a_manifest_that_is_not_a_json_object_reads_as_missing(tmp_path: Path, content: bytes) -> None:
+    """A stored context that is unreadable makes the workflow resend inline; it never fails the call."""
+    digest = put(tmp_path, content)
+    with pytest.raises(ContextMissing, match="cannot be read"):
+        await ContextStore(FileBlobStore(tmp_path)).load(digest)
+
+
+async def test_a_context_reference_that_is_not_a_digest_reads_as_missing(tmp_path: Path) -> None:
+    """A reference from a history (which a client may have written) is checked, not used as a path."""
+    with pytest.raises(ContextMissing, match="not a content digest"):
+        await ContextStore(FileBlobStore(tmp_path)).load("../../etc/passwd")
+
+
+@pytest.mark.parametrize("segment", [b'[{"role": "user"}]', b'{"not": "a list"}'])
+async def test_a_segment_of_messages_this_version_cannot_read_reads_as_missing(
+    tmp_path: Path, segment: bytes
+) -> None:
+    """A segment written by another version (a rollback) gets the workflow to resend, not a crash."""
+    manifest = Manifest(segments=(put(tmp_path, segment),))
+    digest = put(tmp_path, manifest.to_json())
+    with pytest.raises(ContextMissing, match="cannot be read"):
+        await ContextStore(FileBlobStore(tmp_path)).load(digest)
+
+
+async def test_an_old_manifest_saved_on_and_reread_by_one_worker_keeps_its_messages(tmp_path: Path) -> None:
+    """A conversation from before segments, continued on one worker: its old and new
+    messages come back in order, from the cache (the files gone make no difference)."""
+    old = [MessageAdapter.dump_json(user("one")), MessageAdapter.dump_json(user("two"))]
+    old_manifest = put(tmp_path, json.dumps([put(tmp_path, d) for d in old]).encode())
+    store = ContextStore(FileBlobStore(tmp_path))
+    manifest, _ = await store.load(old_manifest)
+    digest = await store.save(manifest, [user("three"), user("four")])
+    shutil.rmtree(tmp_path)
+    _, messages = await store.load(digest)
+    assert texts(messages) == ["one", "two", "three", "four"]
+
+
+async def test_a_context_partly_written_by_another_worker_is_read_whole(tmp_path: Path) -> None:
+    """A conversation that moved between workers: one segment in this worker's cache, one not."""
+    here = ContextStore(FileBlobStore(tmp_path))
+    first = await here.save(Manifest(), [user("here")])
+    there = ContextStore(FileBlobStore(tmp_path))
+    manifest, _ = await there.load(first)
+    second = await there.save(manifest, [user("there")])
+    _, messages = await here.load(second)
+    assert texts(messages) == ["here", "there"]
+
+
+async def test_a_context_read_once_is_read_again_from_the_cache(tmp_path: Path) -> None:
+    """The store caches what it read as well as what it wrote (content never changes)."""
+    digest = await ContextStore(FileBlobStore(tmp_path)).save(Manifest(), [user("a"), user("b")])
+    store = ContextStore(FileBlobStore(tmp_path))
+    await store.load(digest)
+    shutil.rmtree(tmp_path)
+    _, messages = await store.load(digest)
+    assert texts(messages) == ["a", "b"]
+
+
+@pytest.mark.parametrize("blobs", [StalledBlobs, FailingBlobs])
+async def test_a_context_saved_soon_is_read_on_this_worker_before_its_write_ends(
+    tmp_path: Path, blobs: type[FileBlobStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """save_soon: the next model call on this worker reads the context from the cache,
+    however slow or broken the store; a failed write is a warning, not an error."""
+    stored = blobs(tmp_path)
+    store = ContextStore(stored)
+    digest = store.save_soon(Manifest(), [user("one")])
+    manifest, _ = await store.load(digest)
+    digest = store.save_soon(manifest, [user("two")])
+    with caplog.at_level(logging.WARNING, logger="activities.context_store"):
+        _, messages = await store.load(digest)
+        await asyncio.sleep(0.05)
+    assert texts(messages) == ["one", "two"]
+    if isinstance(stored, FailingBlobs):
+        assert "Storing context failed: the store is down" in caplog.text
+    else:
+        stored.release.set()
+    await asyncio.wait_for(store.flush(), 5)
+
+
+async def test_a_long_conversation_on_one_worker_is_read_from_its_cache(tmp_path: Path) -> None:
+    """The default cache holds a long conversation's segments while their writes are pending."""
+    stalled = StalledBlobs(tmp_path)
+    store = ContextStore(stalled)
+    manifest, digest = Manifest(), ""
+    for turn in range(200):
+        digest = store.save_soon(manifest, [user(f"q{turn}"), user(f"a{turn}")])
+        manifest, _ = await store.load(digest)
+    _, messages = await store.load(digest)
+    assert len(messages) == 400 and messages[0].content == "q0"
+    stalled.release.set()
+    await asyncio.wait_for(store.flush(), 30)
+
+
+async def test_flush_waits_for_the_background_writes_and_then_returns(tmp_path: Path) -> None:
+    """flush returns once every write (one begun while it waits too) is on disk, for other workers."""
+    store = ContextStore(SlowBlobs(tmp_path))
+    first = store.save_soon(Manifest(), [user("first")])
+    flushing = asyncio.create_task(store.flush())
+    await asyncio.sleep(0.05)
+    second = store.save_soon(Manifest(), [user("second")])
+    await asyncio.wait_for(flushing, 5)
+    fresh = ContextStore(FileBlobStore(tmp_path))
+    assert texts((await fresh.load(first))[1]) == ["first"]
+    assert texts((await fresh.load(second))[1]) == ["second"]
+    await asyncio.wait_for(store.flush(), 5)  # nothing pending: returns at once
+
+
+async def test_the_context_cache_is_bounded_and_keeps_what_was_used_last(tmp_path: Path) -> None:
+    """A worker's memory stays bounded; the conversations it serves stay cached, the idle one goes."""
+    store = ContextStore(FileBlobStore(tmp_path), cache_size=4)  # two contexts of one segment each
+    a = await store.save(Manifest(), [user("a")])
+    b = await store.save(Manifest(), [user("b")])
+    await store.load(a)  # a is in use again: b is now the least recently used
+    c = await store.save(Manifest(), [user("c")])
+    shutil.rmtree(tmp_path)
+    assert texts((await store.load(a))[1]) == ["a"]
+    assert texts((await store.load(c))[1]) == ["c"]
+    with pytest.raises(ContextMissing):
+        await store.load(b)

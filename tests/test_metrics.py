@@ -6,15 +6,23 @@ OpenTelemetry when asked."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import re
+import socket
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
-from runtime.settings import Settings
-from runtime.telemetry import tracing_interceptors
+import opentelemetry.exporter.otlp.proto.http.trace_exporter as otlp_http
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from runtime.connect import connect
+from runtime.settings import Settings, SettingsError
+from runtime.telemetry import metrics_runtime, tracing_interceptors
 from testbed.local_stack import free_port, start_ready_process, stop_process
 from tests.support.stack import EventLog, Stack
 
@@ -86,7 +94,6 @@ async def test_traces_go_to_opentelemetry(stack: Stack, worker_env: dict[str, st
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from client import start_conversation
-    from runtime.connect import connect
     from worker import build_worker
 
     exporter = InMemorySpanExporter()
@@ -136,3 +143,59 @@ async def logged(path: Path) -> str:
     """A stopped worker's log, once the thread copying its output is done."""
     await asyncio.sleep(1)
     return path.read_text()
+
+
+def test_metric_durations_are_in_seconds() -> None:
+    """README: agent_model_call_latency and agent_tool_latency are histograms in seconds."""
+    port = free_port()
+    runtime = metrics_runtime(Settings.from_env({}, metrics_host="127.0.0.1", metrics_port=port))
+    assert runtime is not None
+    latency = runtime.metric_meter.create_histogram_timedelta("audit_latency", "a duration")
+    latency.record(datetime.timedelta(seconds=2))
+    text = ""
+    for _ in range(50):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        if "audit_latency_sum" in text:
+            break
+        time.sleep(0.1)
+    sums = [line for line in text.splitlines() if line.startswith("audit_latency_sum")]
+    assert sums and float(sums[0].rsplit(" ", 1)[1]) == 2
+
+
+def test_a_metrics_port_in_use_is_refused_naming_the_settings() -> None:
+    """A second worker on the same host and port gets one sentence saying what to change, not a traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SettingsError) as refused:
+            metrics_runtime(Settings.from_env({}, metrics_port=port))
+    assert str(refused.value).startswith(
+        f"Cannot serve metrics on 127.0.0.1:{port} (AGENT_METRICS_HOST:AGENT_METRICS_PORT): "
+    )
+    assert "Address already in use" in str(refused.value)
+
+
+def test_traces_go_to_the_collectors_v1_traces_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT is the collector's base URL (a trailing slash or not), as OTLP says."""
+    endpoints: list[str] = []
+
+    class Exporter(InMemorySpanExporter):
+        def __init__(self, endpoint: str) -> None:
+            super().__init__()
+            endpoints.append(endpoint)
+
+    monkeypatch.setattr(otlp_http, "OTLPSpanExporter", Exporter)
+    for given in ("http://collector:4318", "http://collector:4318/"):
+        assert len(tracing_interceptors(Settings.from_env({}, otel_endpoint=given))) == 1
+    assert endpoints == ["http://collector:4318/v1/traces"] * 2
+
+
+def test_spans_name_the_worker_as_their_service() -> None:
+    """A tracing UI lists the worker's spans under service.name durable-agent-worker."""
+    exporter = InMemorySpanExporter()
+    [interceptor] = tracing_interceptors(Settings.from_env({}), span_exporter=exporter)
+    interceptor.tracer.start_span("a span").end()
+    [span] = exporter.get_finished_spans()
+    assert span.resource.attributes["service.name"] == "durable-agent-worker"
