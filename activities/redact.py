@@ -28,7 +28,7 @@ MIN_KNOWN_SECRET_CHARS = 8
 
 _NAMED = re.compile(
     r"""(?ix)
-    \b(
+    (?<![A-Za-z0-9])(  # not \b: DB_PASSWORD=... names one too
         (?:api[_-]?key|apikey|x-api-key|access[_-]?token|auth[_-]?token|refresh[_-]?token|id[_-]?token
           |token|secret|client[_-]?secret|secret[_-]?access[_-]?key|aws[_-]?secret[_-]?access[_-]?key
           |password|passwd|pwd|authorization|credentials?)
@@ -49,7 +49,7 @@ _SHAPES = re.compile(
     """
 )
 _URL_PASSWORD = re.compile(r"(://[^/\s:@]+):[^/\s@]+@")
-_LONG_RUN = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{32,}={0,2}")
+_LONG_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}")  # key=<run> too
 
 
 def scrub_known(text: str, known_secrets: Iterable[str | None]) -> str:

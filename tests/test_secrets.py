@@ -5,6 +5,7 @@ scrubbed before it reaches the history, the transcript and the UI."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 from google.protobuf import text_format
@@ -194,3 +195,152 @@ def test_an_authorization_header_without_a_scheme_is_redacted() -> None:
     scrubbed = scrub("the server echoed Authorization: abc123def456 back")
 
     assert "abc123def456" not in scrubbed and REDACTED in scrubbed
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("temporary key ASIAY34FZKBOKMUTVV7A was refused", "ASIAY34FZKBOKMUTVV7A"),  # STS, not only AKIA
+        ("gitlab said glpat-aB3dE5fG7hI9jK1lMn2o", "aB3dE5fG7hI9jK1lMn2o"),
+        ("slack said xoxb-4821-aB3dE5fG7hI9", "4821-aB3dE5fG7hI9"),
+        ("the proxy sent Bearer abc.DEF-123_ghi upstream", "abc.DEF-123_ghi"),  # capitalised, no header name
+        ("login pwd=s3cr3tpass failed", "s3cr3tpass"),
+        ("login passwd: s3cr3tpass failed", "s3cr3tpass"),
+        ("key 5f4dcc3b5aa765d61d8327deb882cf99 refused", "5f4dcc3b5aa765d61d8327deb882cf99"),  # 32 hex
+        ("key Zx8Qw2Er5Ty7Ui9Op1As3Df4Gh6Jk0Lm refused", "Zx8Qw2Er5Ty7Ui9Op1As3Df4Gh6Jk0Lm"),  # 32 mixed
+    ],
+)
+def test_each_credential_shape_the_module_names_is_redacted(text: str, secret: str) -> None:
+    """README: error texts are scrubbed of `sk-` keys, Bearer tokens, AWS
+    keys, `api_key=`-like pairs and long hex or base64 runs."""
+    scrubbed = scrub(text)
+
+    assert secret not in scrubbed and REDACTED in scrubbed
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AbstractSingletonProxyFactoryBeanImplementation failed",  # no digit
+        "no such dir /srv/app/releases/20240101/build/output/bundle.js",  # no capital
+        "ERR_CONNECTION_REFUSED_AT_PORT_5432_ON_THE_HOST",  # no small letter
+        "a 31 character run Zx8Qw2Er5Ty7Ui9Op1As3Df4Gh6Jk0L is no key",
+    ],
+)
+def test_a_long_run_without_digits_capitals_and_small_letters_mixed_is_left_alone(text: str) -> None:
+    """A long identifier, path or constant is no key: the scrubber leaves it
+    as written (it redacts a run of 32 or more with all three mixed)."""
+    assert scrub(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        ("api_key=hunter2hunter2, model=gpt-4", f"api_key={REDACTED}, model=gpt-4"),
+        ("GET /v1?api-key=q8w7e6r5&x=1", f"GET /v1?api-key={REDACTED}&x=1"),
+        ('{"token": "abc123def", "user": "bob"}', f'{{"token": "{REDACTED}", "user": "bob"}}'),
+    ],
+)
+def test_a_named_credential_is_redacted_whole_and_only_up_to_its_end(text: str, scrubbed: str) -> None:
+    """The value of `api_key=...` goes whole (not only its first character),
+    and what follows it (the next parameter of a query, a list) stays."""
+    assert scrub(text) == scrubbed
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("cannot connect: DB_PASSWORD=hunter2hunter2 rejected", "hunter2hunter2"),
+        ("env has OPENAI_API_KEY=hunter2hunter2", "hunter2hunter2"),
+        ("push refused for GITHUB_TOKEN=abcdef12", "abcdef12"),
+    ],
+)
+def test_a_credential_named_as_an_environment_variable_is_redacted(text: str, secret: str) -> None:
+    """README: `api_key=...` is scrubbed; so must `OPENAI_API_KEY=...` or
+    `DB_PASSWORD=...` be, the way a tool's exception quotes a setting."""
+    scrubbed = scrub(text)
+
+    assert secret not in scrubbed and REDACTED in scrubbed
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        (
+            "POST https://generativelanguage.googleapis.com/v1beta/models/g:generateContent"
+            "?key=AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe failed",
+            "AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe",
+        ),
+        (
+            "STRIPE_SECRET_KEY=sk_live_51HqLyjWDarjtT1zdp7dcXAMPLEKEYabcd",
+            "sk_live_51HqLyjWDarjtT1zdp7dcXAMPLEKEYabcd",
+        ),
+    ],
+)
+def test_a_random_key_after_an_equals_sign_is_redacted(text: str, secret: str) -> None:
+    """A long base64-like key is redacted wherever it stands: after `?key=`
+    in a URL or `NAME=` in an environment line too, not only after a space."""
+    scrubbed = scrub(text)
+
+    assert secret not in scrubbed and REDACTED in scrubbed
+
+
+# --- scrub_known -------------------------------------------------------------------------------
+
+
+def test_a_secret_that_contains_another_is_redacted_whole() -> None:
+    """Known secrets are replaced longest first: an encryption key's padded
+    and unpadded forms, or a key and its prefix, leave no tail behind."""
+    short, long = "Zq7vW2pXk9", "Zq7vW2pXk9Lm4Rt8"
+
+    assert scrub_known(f"KEY={long}\n", [short, long]) == f"KEY={REDACTED}\n"
+
+
+# --- scrub_before_cutting ------------------------------------------------------------------------
+
+SECRET = "Zq7vW2pXk9"
+
+
+@pytest.fixture
+def holding_secret() -> Iterator[str]:
+    """The worker's secrets as a running tool sees them (set by the tool runner)."""
+    token = TOOL_SECRETS.set((SECRET, "dummy"))
+    try:
+        yield SECRET
+    finally:
+        TOOL_SECRETS.reset(token)
+
+
+def test_a_secret_inside_the_kept_part_is_taken_out(holding_secret: str) -> None:
+    """The tool's own cut: a secret wholly before the cut is replaced too."""
+    assert scrub_before_cutting(f"a {holding_secret} b", 100) == f"a {REDACTED} b"
+
+
+def test_a_whole_secret_across_the_cut_shows_not_even_its_first_three_characters(holding_secret: str) -> None:
+    """The secret is taken out before the cut: of a secret the text holds
+    whole, no start shows (three characters would, once cut in two)."""
+    shown = scrub_before_cutting("x" * 7 + holding_secret + " tail", 10)
+
+    assert shown == "x" * 7 + REDACTED[:3]
+
+
+def test_the_longest_start_of_a_secret_at_the_cut_is_redacted(holding_secret: str) -> None:
+    """A text already cut inside a secret: all that shows of it goes, up to
+    all but its last character."""
+    assert scrub_before_cutting("x" * 6 + holding_secret[:-1], 100) == "x" * 6 + REDACTED
+
+
+def test_a_secret_whose_start_repeats_is_redacted_from_its_first_character() -> None:
+    """Of a secret like `abababab12`, the whole start shown goes, not only
+    its last repeat."""
+    token = TOOL_SECRETS.set(("abababab12",))
+    try:
+        assert scrub_before_cutting("xxxx" + "abababab", 100) == "xxxx" + REDACTED
+    finally:
+        TOOL_SECRETS.reset(token)
+
+
+def test_a_short_worker_secret_is_not_taken_out_of_a_cut_line(holding_secret: str) -> None:
+    """A secret under MIN_KNOWN_SECRET_CHARS ("dummy" for a local model
+    server) is never redacted: its start would redact ordinary words."""
+    assert scrub_before_cutting("xxxxdumm", 8) == "xxxxdumm"
