@@ -458,6 +458,24 @@ async def approval_configure(
     return handle
 
 
+async def hook_approval_no_reason(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """A before_tool_call hook returns ``RequireApproval(reason=None)``
+    (``RecordingHooks``): the call waits for a person, who approves it
+    (approval-without-reason; before, it ran without asking)."""
+    server.script(model, [{"tool_calls": [call("ha", "echo", text="hook-asks-approval")]}, {"text": "done"}])
+    handle = await start(client, model, prompt="ask first", closeWhenIdle=True)
+    log = EventLog(client, handle.id)
+    decisive = ("tool_approval_request", "agent_end")
+    events = await log.wait_until(lambda events: any(e["type"] in decisive for e in events))
+    if next(e for e in events if e["type"] in decisive)["type"] == "tool_approval_request":
+        await handle.execute_update("approve_tool", {"toolCallId": "ha", "approved": True})
+    await handle.result()
+    log.close()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -480,6 +498,7 @@ SCENARIOS: dict[str, Scenario] = {
     "abort_before_switch": abort_before_switch,
     "hook_abort": hook_abort,
     "approval_configure": approval_configure,
+    "hook_approval_no_reason": hook_approval_no_reason,
 }
 
 

@@ -5,10 +5,12 @@ The conformance tests in test_loop.py prove the same on the real wiring."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from temporalio.worker._workflow_instance import _WorkflowBeingEvictedError
 
 from tests.support.fake_loop import FakeAgent, calls, say, user
 from workflows.arguments import MAX_NESTING, ToolArgumentsError, validate_tool_arguments
@@ -19,8 +21,9 @@ from workflows.hooks import (
     ToolCallContext,
     ToolResultOverride,
     TurnContext,
+    failure_text,
 )
-from workflows.loop import TOOL_CALLS_PER_PART, ApprovalDecision, run_agent_loop, run_loop
+from workflows.loop import TOOL_CALLS_PER_PART, ApprovalDecision, PreparedToolCall, run_agent_loop, run_loop
 from workflows.models import ToolDeclaration, ToolOutcome, text_result
 
 
@@ -764,3 +767,205 @@ def test_a_coercion_that_brings_new_rules_into_force_is_followed_by_another() ->
         },
     )
     assert validate_tool_arguments(tool, {"n": "1", "m": "2"}) == {"n": 1, "m": 2}
+
+
+async def test_a_call_a_hook_asks_approval_for_without_a_reason_still_waits_for_a_person() -> None:
+    """`RequireApproval(reason=None)` is let through as a reason (as for
+    `BlockToolCall`): the call must still wait for the decision, not run."""
+
+    class AskWithoutReason(AgentHooks):
+        def before_tool_call(self, context: ToolCallContext) -> RequireApproval:
+            return RequireApproval(reason=None)  # type: ignore[arg-type]
+
+    fake = agent(calls(("r1", "echo", {"text": "a"})), say("ok"))
+    fake.hooks = AskWithoutReason()
+    fake.approvals["r1"] = ApprovalDecision(False, "Tool call echo was rejected: no")
+    messages = await run(fake)
+
+    result = next(m for m in messages if m.role == "toolResult")
+    assert result.is_error and result.content[0].text == "Tool call echo was rejected: no"
+    assert [e["toolCallId"] for e in fake.events if e["type"] == "approval_asked"] == ["r1"]
+
+
+class _RaisingWhere(AgentHooks):
+    """Raises ``error`` from the hook named ``where``."""
+
+    def __init__(self, where: str, error: BaseException) -> None:
+        self.where, self.error = where, error
+
+    def before_tool_call(self, context: ToolCallContext) -> None:
+        if self.where == "before":
+            raise self.error
+
+    async def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> None:
+        if self.where == "after":
+            raise self.error
+
+    def should_stop_after_turn(self, context: TurnContext) -> bool:
+        if self.where == "stop":
+            raise self.error
+        return False
+
+
+@pytest.mark.parametrize("where", ["before", "after", "stop"])
+async def test_the_sdks_own_control_flow_out_of_a_hook_goes_on_up(where: str) -> None:
+    """An eviction (or continue-as-new) raised while a hook runs is the
+    SDK's, not the hook's failure: it must not become an error result."""
+    fake = agent(calls(("a", "echo", {"text": "1"})), say("never"))
+    fake.hooks = _RaisingWhere(where, _WorkflowBeingEvictedError())
+
+    with pytest.raises(_WorkflowBeingEvictedError):
+        await run(fake)
+    assert not any(e["type"] == "agent_end" for e in fake.events)
+
+
+async def test_a_call_a_hook_asks_approval_for_says_why_by_default() -> None:
+    """`RequireApproval()` publishes its default reason with the request."""
+
+    class Ask(AgentHooks):
+        def before_tool_call(self, context: ToolCallContext) -> RequireApproval:
+            return RequireApproval()
+
+    asked: list[str | None] = []
+
+    async def approve(prepared: PreparedToolCall) -> ApprovalDecision:
+        asked.append(prepared.approval)
+        return ApprovalDecision(True)
+
+    fake = agent(calls(("r1", "echo", {"text": "a"})), say("ok"))
+    fake.hooks = Ask()
+    await run_agent_loop([user("go")], fake.context(), replace(fake.config(), request_approval=approve))
+
+    assert asked == ["This tool call needs approval"]
+
+
+class MissingSetting(KeyError):
+    """A KeyError of the user's own, with a message of its own."""
+
+    def __str__(self) -> str:
+        return f"setting {self.args[0]} is missing"
+
+
+@pytest.mark.parametrize(
+    ("raised", "text"),
+    [
+        (MissingSetting("region"), "setting region is missing"),
+        (KeyError(42), "42"),
+        (KeyError(), "KeyError"),
+        (KeyError("a", "b"), "('a', 'b')"),
+    ],
+    ids=["subclass", "not-text", "no-argument", "two-arguments"],
+)
+def test_a_key_error_is_worded_by_its_own_str_unless_it_is_a_plain_one_of_text(
+    raised: KeyError, text: str
+) -> None:
+    """Only a plain `KeyError("name")` is shown unquoted: a subclass keeps
+    its own message, and any other KeyError is worded as Python words it."""
+    assert failure_text(raised) == text
+
+
+async def test_a_before_hook_returning_something_else_is_the_calls_error_and_the_tool_does_not_run() -> None:
+    """README: a wrong return value is the call's error result, naming what
+    came back; it is no permission to run the call."""
+    ran: list[str] = []
+
+    async def tracked(args: dict[str, Any]) -> str:
+        ran.append(args["text"])
+        return "ran"
+
+    class Yes(AgentHooks):
+        def before_tool_call(self, context: ToolCallContext) -> Any:
+            return "yes"
+
+    fake = agent(calls(("y1", "t", {"text": "a"})), say("ok"))
+    fake.tool("t", tracked)
+    fake.hooks = Yes()
+    messages = await run(fake)
+
+    result = next(m for m in messages if m.role == "toolResult")
+    assert result.is_error and result.content[0].text == (
+        "before_tool_call returned str; expected BlockToolCall, RequireApproval or None."
+    )
+    assert ran == []
+
+
+class _Emptying(AgentHooks):
+    """Replaces a result's content or details with an empty value."""
+
+    async def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> ToolResultOverride:
+        if context.args["text"] == "no-content":
+            return ToolResultOverride(content=[])
+        return ToolResultOverride(details={})
+
+
+async def test_an_after_hook_may_replace_content_or_details_with_an_empty_value() -> None:
+    """SPEC 5: each field of the override that is not None replaces the
+    result's: an empty content list or empty details too (a redaction)."""
+
+    async def detailed(args: dict[str, Any]) -> ToolOutcome:
+        return ToolOutcome(content=text_result("secret output"), details={"secret": "value"})
+
+    fake = agent(calls(("c1", "t", {"text": "no-content"}), ("d1", "t", {"text": "no-details"})), say("ok"))
+    fake.tool("t", detailed)
+    fake.hooks = _Emptying()
+    messages = await run(fake)
+
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["c1"].content == [] and results["c1"].details == {"secret": "value"}
+    assert results["d1"].content[0].text == "secret output" and results["d1"].details == {}
+
+
+async def test_a_stop_hook_returning_something_other_than_a_bool_ends_the_run_with_an_error() -> None:
+    """README: a wrong return value of `should_stop_after_turn` ends the run
+    with an `error` message (a truthy "yes" is no decision)."""
+
+    class Says(AgentHooks):
+        def should_stop_after_turn(self, context: TurnContext) -> Any:
+            return "yes"
+
+    fake = agent(say("hi"), say("never"))
+    fake.hooks = Says()
+    fake.follow_up.append(user("later"))
+    messages = await run(fake)
+
+    assert messages[-1].stop_reason == "error"
+    assert messages[-1].error_message == "should_stop_after_turn failed: it returned str, not a bool"
+
+
+class _AwaitableNone:
+    """An awaitable that is no coroutine (as a Future or a task is)."""
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
+
+
+async def test_a_hook_may_return_any_awaitable_not_only_a_coroutine() -> None:
+    """Hooks may be `async`: what they return is awaited if it is awaitable
+    (a future, a task), not taken for their decision."""
+
+    class Deferring(AgentHooks):
+        def before_tool_call(self, context: ToolCallContext) -> Any:
+            return _AwaitableNone()
+
+    fake = agent(calls(("a1", "echo", {"text": "x"})), say("ok"))
+    fake.hooks = Deferring()
+    messages = await run(fake)
+
+    result = next(m for m in messages if m.role == "toolResult")
+    assert not result.is_error and result.content[0].text == "echo: x"
+
+
+async def test_the_stop_hook_sees_the_conversations_total_turns() -> None:
+    """`TurnContext.total_turns` counts every run's turns, `run_turns` this run's."""
+    seen: list[tuple[int, int]] = []
+
+    class Counting(AgentHooks):
+        def should_stop_after_turn(self, context: TurnContext) -> bool:
+            seen.append((context.run_turns, context.total_turns))
+            return False
+
+    fake = agent(say("hi"))
+    fake.hooks = Counting()
+    await run_agent_loop([user("go")], fake.context(), replace(fake.config(), total_turns=lambda: 7))
+
+    assert seen == [(1, 7)]

@@ -52,7 +52,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # eighth, before a run waited for its aborted model call to end before
 # continuing as new or completing (v11); with the ninth, before an abort
 # ended a hook's wait (v12); with the tenth, before a call waiting for
-# approval followed a configured approvalTimeoutSeconds (v13).
+# approval followed a configured approvalTimeoutSeconds (v13); with the
+# eleventh, before a hook's RequireApproval without a reason waited for a
+# person (v14: that scenario only, the patch has its own marker).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -64,6 +66,7 @@ V10 = sorted((ROOT / "v10").glob("*.json"))
 V11 = sorted((ROOT / "v11").glob("*.json"))
 V12 = sorted((ROOT / "v12").glob("*.json"))
 V13 = sorted((ROOT / "v13").glob("*.json"))
+V14 = sorted((ROOT / "v14").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -89,10 +92,12 @@ def test_there_are_recorded_histories() -> None:
         "abort_before_switch",  # an aborted call's late deltas reach the next run
         "hook_abort",  # an abort while a before_tool_call hook waits on a timer
         "approval_configure",  # approvalTimeoutSeconds configured while a call waits
+        "hook_approval_no_reason",  # a hook's RequireApproval without a reason
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
     assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
         "approval_configure",
         "hook_abort",
         "abort_before_switch",
@@ -108,6 +113,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
     assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
         "approval_configure",
         "hook_abort",
         "abort_before_switch",
@@ -123,6 +129,7 @@ def test_there_are_recorded_histories() -> None:
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
     assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
         "approval_configure",
         "big_tool_arguments",
         "long_tool_batch",
@@ -134,6 +141,7 @@ def test_there_are_recorded_histories() -> None:
     # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
     # once, whatever their arguments' size).
     assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
         "long_tool_batch",
         "abort_before_switch",
         "hook_abort",
@@ -142,6 +150,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the abort-over-stop patch too (its old
     # path changes events, not commands: tests/test_agent_loop.py runs it).
     assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
         "long_tool_batch",
         "abort_before_switch",
         "hook_abort",
@@ -149,23 +158,35 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V8}
     # Every scenario, recorded before the tool-batch-in-parts patch too (its
     # old path: all 1,001 calls of long_tool_batch in one workflow task).
-    assert {_stem(p) for p in CURRENT} - {"abort_before_switch", "hook_abort", "approval_configure"} <= {
-        _stem(p) for p in V9
-    }
+    assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
+        "abort_before_switch",
+        "hook_abort",
+        "approval_configure",
+    } <= {_stem(p) for p in V9}
     # Every scenario, recorded before drop-carried-publishers too (its old
     # path: the late deltas published in the next run).
-    assert {_stem(p) for p in CURRENT} - {"abort_before_switch", "hook_abort", "approval_configure"} <= {
-        _stem(p) for p in V10
-    }
+    assert {_stem(p) for p in CURRENT} - {
+        "hook_approval_no_reason",
+        "abort_before_switch",
+        "hook_abort",
+        "approval_configure",
+    } <= {_stem(p) for p in V10}
     # Every scenario, recorded before await-aborted-model-call too (its old
     # path: abort_before_switch continued as new before its call ended).
-    assert {_stem(p) for p in CURRENT} - {"hook_abort", "approval_configure"} <= {_stem(p) for p in V11}
+    assert {_stem(p) for p in CURRENT} - {"hook_approval_no_reason", "hook_abort", "approval_configure"} <= {
+        _stem(p) for p in V11
+    }
     # Every scenario, recorded before abortable-hooks too (its old path:
     # hook_abort's abort waited for the hook's timer to fire).
-    assert {_stem(p) for p in CURRENT} - {"approval_configure"} <= {_stem(p) for p in V12}
+    assert {_stem(p) for p in CURRENT} - {"hook_approval_no_reason", "approval_configure"} <= {
+        _stem(p) for p in V12
+    }
     # Every scenario, recorded before approval-timeout-follows-configure too
     # (its old path: approval_configure's call waited on and was approved).
-    assert {_stem(p) for p in CURRENT} <= {_stem(p) for p in V13}
+    assert {_stem(p) for p in CURRENT} - {"hook_approval_no_reason"} <= {_stem(p) for p in V13}
+    # Recorded before approval-without-reason (its old path: the call ran unasked).
+    assert {_stem(p) for p in V14} == {"hook_approval_no_reason"}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -184,10 +205,10 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
+        for p in CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
     ],
 )
 async def test_recorded_history_replays(path: Path) -> None:
@@ -196,8 +217,10 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
-    ids=[str(p.relative_to(ROOT)) for p in CURRENT + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4],
+    CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    ids=[
+        str(p.relative_to(ROOT)) for p in CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+    ],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a
@@ -311,3 +334,31 @@ async def test_a_conversation_that_recorded_no_choice_replays_as_its_workers_set
     await _replay_on(history, fallbacks=True)
     with pytest.raises(Exception, match=r"[Nn]ondetermin"):
         await _replay_on(history, fallbacks=False)
+
+
+def _approvals_and_markers(path: Path) -> tuple[list[str], list[str]]:
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    updates = [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    ]
+    markers = [
+        b" ".join(
+            p.data for v in e.marker_recorded_event_attributes.details.values() for p in v.payloads
+        ).decode(errors="replace")
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    ]
+    return updates, markers
+
+
+def test_a_hooks_approval_without_reason_waits_for_a_person_from_its_patch_on() -> None:
+    """Recorded before approval-without-reason, the call ran unasked; since,
+    the run records that patch's marker and the call waits for approve_tool
+    (a hook that asks for a person must never be let through)."""
+    before = _approvals_and_markers(ROOT / "v14" / "hook_approval_no_reason.json")
+    since = _approvals_and_markers(ROOT / "hook_approval_no_reason.json")
+
+    assert "approve_tool" not in before[0] and not any("approval-without-reason" in m for m in before[1])
+    assert "approve_tool" in since[0] and any("approval-without-reason" in m for m in since[1])

@@ -154,6 +154,10 @@ ABORTABLE_HOOKS_PATCH = "abortable-hooks"
 # timeout in force when it began, so a timeout set while calls waited did not
 # reach them.
 APPROVAL_TIMEOUT_FOLLOWS_PATCH = "approval-timeout-follows-configure"
+# A hook's ``RequireApproval(None)`` waits for a person. Before this patch the
+# call ran without asking. Asked only when a hook returns one (by its own
+# marker, not the combined one), so no other run records anything.
+APPROVAL_WITHOUT_REASON_PATCH = "approval-without-reason"
 
 
 DETAILS_ITEMS = 10
@@ -411,6 +415,7 @@ class AgentWorkflow:
             total_turns=lambda: session.turns.total,
             failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
             abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
+            approval_without_reason=lambda: workflow.patched(APPROVAL_WITHOUT_REASON_PATCH),
             until_aborted=self._until_aborted,
             pause_between_parts=self._pause_between_parts,
         )

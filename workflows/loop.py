@@ -143,6 +143,10 @@ class LoopConfig:
     even when the turn would stop the run anyway (``stop_after_turn``,
     ``maxTurns``, a budget, the hook); False replays a run recorded before,
     which ended there as a normal turn."""
+    approval_without_reason: Callable[[], bool] = lambda: True
+    """A hook's ``RequireApproval`` without a reason waits for a person (with
+    the default reason); False replays a run recorded before, whose call ran
+    without asking."""
     until_aborted: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None
     """Awaits what a hook returned that must be awaited, or raises
     ``HookAborted`` when the run is aborted first (the hook's task is
@@ -443,6 +447,9 @@ async def _prepare(
             "RequireApproval or None."
         )
     approval = decision.reason if isinstance(decision, RequireApproval) else None
+    if isinstance(decision, RequireApproval) and approval is None and not tool.requires_approval:
+        if config.approval_without_reason():
+            approval = RequireApproval.reason  # asked for approval: never run without it
     if approval is None and tool.requires_approval:
         approval = f"{tool.label or tool.name} needs approval"
     return PreparedToolCall(call, tool, args, approval)

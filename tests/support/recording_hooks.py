@@ -1,7 +1,8 @@
 """Hooks of the worker that records tests/histories/ and of the replayer
 that replays them: they act only on a call whose ``text`` is
-``hook-waits`` (no other recorded scenario has one), and return None at
-once (not a coroutine) for every other call, so every other history
+``hook-waits`` (a timer) or ``hook-asks-approval`` (``RequireApproval``
+without a reason), which no other recorded scenario has, and return None
+at once (not a coroutine) for every other call, so every other history
 records and replays as with the default hooks."""
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.hooks import AgentHooks, ToolCallContext
+from workflows.hooks import AgentHooks, RequireApproval, ToolCallContext
 
 
 class RecordingHooks(AgentHooks):
-    def before_tool_call(self, context: ToolCallContext) -> Awaitable[None] | None:
+    def before_tool_call(self, context: ToolCallContext) -> Awaitable[None] | RequireApproval | None:
         if context.args.get("text") == "hook-waits":
             return _wait()
+        if context.args.get("text") == "hook-asks-approval":
+            return RequireApproval(reason=None)  # type: ignore[arg-type]  # as a hook may, untyped
         return None
 
 
