@@ -325,20 +325,12 @@ async def test_a_wait_released_for_continue_as_new_is_made_again(monkeypatch: py
     assert [name for name, _ in fake.handle.updates] == [client.RUN_END_UPDATE] * 2
 
 
-async def test_a_refused_wait_for_the_runs_end_leaves_the_cooldown_whole() -> None:
-    """A worker without the run-end update: the cooldowns are as they were, not cut short."""
+@pytest.mark.parametrize("answer", [RuntimeError("refused"), 5], ids=["refused", "already-read"])
+async def test_the_cooldown_stays_whole_unless_a_new_run_end_comes(answer: Any) -> None:
+    """A worker without the run-end update, or the wait answering the offset
+    already reached: the cooldown goes on as it was, not cut short."""
     fake = FakeClient()
-    fake.handle.update_result = RuntimeError("refused")
-    reader = _EventReader(fake, "chat-x", 5, 200)  # type: ignore[arg-type]
-    started = time.monotonic()
-    await reader._cool_down(0.3, False)
-    assert time.monotonic() - started >= 0.28
-
-
-async def test_a_run_end_already_read_does_not_cut_the_cooldown_short() -> None:
-    """The run-end wait answering the offset already reached: the cooldown goes on."""
-    fake = FakeClient()
-    fake.handle.update_result = 5
+    fake.handle.update_result = answer
     reader = _EventReader(fake, "chat-x", 5, 200)  # type: ignore[arg-type]
     started = time.monotonic()
     await reader._cool_down(0.3, False)

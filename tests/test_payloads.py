@@ -298,6 +298,16 @@ async def test_a_payload_compression_would_not_shrink_stays_plain() -> None:
     assert await CompressionCodec(threshold=1024).encode([noise]) == [noise]
 
 
+def s3_converter(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]], storage: str
+) -> DataConverter:
+    """The worker's converter storing payloads of ``THRESHOLD`` bytes and up at ``storage`` (a fake S3)."""
+    use_fake_s3(monkeypatch, fake_s3[0])
+    monkeypatch.setenv("AGENT_STORAGE", storage)
+    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(THRESHOLD))
+    return data_converter_from_env()
+
+
 @needs_s3_extra
 async def test_an_s3_object_that_matches_its_hash_but_is_no_payload_is_refused_not_raised(
     monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
@@ -305,11 +315,8 @@ async def test_an_s3_object_that_matches_its_hash_but_is_no_payload_is_refused_n
     """Content that is no payload (its hash in the reference matching) is refused with a sentence, not raised
     into the task."""
 
-    url, objects = fake_s3
-    use_fake_s3(monkeypatch, url)
-    monkeypatch.setenv("AGENT_STORAGE", "s3://bucket/prefix")
-    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(THRESHOLD))
-    storing = data_converter_from_env()
+    objects = fake_s3[1]
+    storing = s3_converter(monkeypatch, fake_s3, "s3://bucket/prefix")
     [encoded] = await storing.encode([BIG])
     [key] = objects
     junk = b"\xff\xff\xff not a payload"
@@ -330,14 +337,11 @@ async def test_an_s3_prefix_written_with_slashes_keeps_the_same_keys(
     """``s3://bucket/prefix/`` and ``s3://bucket/prefix`` name the same objects: a trailing slash makes no
     empty key segment."""
 
-    url, objects = fake_s3
-    use_fake_s3(monkeypatch, url)
-    monkeypatch.setenv("AGENT_STORAGE_THRESHOLD_BYTES", str(THRESHOLD))
+    objects = fake_s3[1]
     keys = []
     for storage in ("s3://bucket/some/prefix", "s3://bucket/some/prefix/"):
-        monkeypatch.setenv("AGENT_STORAGE", storage)
         objects.clear()
-        storing = data_converter_from_env()
+        storing = s3_converter(monkeypatch, fake_s3, storage)
         [encoded] = await storing.encode([BIG])
         keys.append(list(objects))
         assert await storing.decode([encoded], [str]) == [BIG]
