@@ -35,6 +35,7 @@ _NAMED = re.compile(
         ["']?\s*[:=]\s*["']?
     )
     (?:(?:bearer|basic|token)\s+)?
+    (?!(?:true|false|null|none)\b)  # is_secret=false, use_auth_token=True: no value to hide
     [^\s"'&,;}\]]+
     """
 )
@@ -49,7 +50,9 @@ _SHAPES = re.compile(
     """
 )
 _URL_PASSWORD = re.compile(r"(://[^/\s:@]+):[^/\s@]+@")
-_LONG_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}")  # key=<run> too
+# After "=" too (?key=AIza...); a long mixed-case path or model name there
+# is redacted as it already was after a space.
+_LONG_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}")
 
 
 def scrub_known(text: str, known_secrets: Iterable[str | None]) -> str:

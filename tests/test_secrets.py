@@ -248,6 +248,15 @@ def test_a_named_credential_is_redacted_whole_and_only_up_to_its_end(text: str, 
 
 
 @pytest.mark.parametrize(
+    "text", ["flags: is_secret=false", '{"use_auth_token": true}', "api_key: None", "token=null"]
+)
+def test_a_flag_named_like_a_credential_keeps_its_value(text: str) -> None:
+    """true, false, null and none hide nothing: an error text saying which
+    flag was set stays readable."""
+    assert scrub(text) == text
+
+
+@pytest.mark.parametrize(
     ("text", "secret"),
     [
         ("cannot connect: DB_PASSWORD=hunter2hunter2 rejected", "hunter2hunter2"),
