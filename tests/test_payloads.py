@@ -167,6 +167,16 @@ async def test_a_start_memo_the_worker_cannot_read_does_not_wedge_a_replay(
     await payload_walk.decode_activation(start(True), converter, False, 4)  # so must its replay
 
 
+def test_a_start_input_the_worker_cannot_read_still_stops_a_replay() -> None:
+    """Unlike its memo, a start's input is what the first run read: a replay
+    that cannot read it fails its task with the reason, and goes on once it can."""
+    activation = WorkflowActivation(run_id="run", is_replaying=True)
+    job = activation.jobs.add().initialize_workflow
+    job.arguments.append(refused_payload("refers to a stored payload that is gone: ef56"))
+    with pytest.raises(PayloadUnreadable, match="gone: ef56 on this worker"):
+        payload_walk.refuse_unreadable_history(activation)
+
+
 @walk_only
 async def test_the_stock_passes_also_fail_a_replay_on_a_payload_read_before(
     converter: DataConverter,  # noqa: F811
