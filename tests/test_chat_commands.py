@@ -14,6 +14,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from client import StoppedWaiting
 from console.chat import ChatSession, _describe
 from console.render import EventRenderer
+from tests.support.recording_conversation import RecordingConversation
 from workflows.contract import SessionState
 from workflows.models import Usage
 
@@ -34,13 +35,13 @@ def _state(**fields: Any) -> SessionState:
     return SessionState(**{**base, **fields})
 
 
-class _Fake:
+class _Fake(RecordingConversation):
     """A conversation that records what the chat sends (no server)."""
 
     id = "c"
 
     def __init__(self, **state: Any) -> None:
-        self.sent: list[tuple[Any, ...]] = []
+        super().__init__()
         self.current = _state(**state)
         self.queued: list[Any] = []
 
@@ -49,18 +50,6 @@ class _Fake:
 
     async def send_prompt(self, text: str) -> None:
         self.sent.append(("prompt", text))
-
-    async def steer(self, text: str) -> None:
-        self.sent.append(("steer", text))
-
-    async def follow_up(self, text: str) -> None:
-        self.sent.append(("follow_up", text))
-
-    async def abort(self) -> None:
-        self.sent.append(("abort",))
-
-    async def stop_after_turn(self) -> None:
-        self.sent.append(("stop_after_turn",))
 
     async def approve(self, call_id: str, approved: bool, reason: str | None) -> None:
         self.sent.append(("approve", call_id, approved, reason))

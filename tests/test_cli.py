@@ -14,28 +14,17 @@ import pytest
 
 import starter
 from client import ConversationSummary, PromptResult
+from tests.support.recording_conversation import RecordingConversation
 
 
-class Recorder:
+class Recorder(RecordingConversation):
     """A conversation that records what the command sends (no server)."""
 
     id = "c1"
 
     def __init__(self, events: list[dict[str, Any]] | None = None) -> None:
-        self.sent: list[tuple[Any, ...]] = []
+        super().__init__()
         self._events = events or []
-
-    async def steer(self, text: str) -> None:
-        self.sent.append(("steer", text))
-
-    async def follow_up(self, text: str) -> None:
-        self.sent.append(("follow_up", text))
-
-    async def abort(self) -> None:
-        self.sent.append(("abort",))
-
-    async def stop_after_turn(self) -> None:
-        self.sent.append(("stop_after_turn",))
 
     async def close(self) -> None:
         self.sent.append(("close",))

@@ -46,8 +46,8 @@ TIMEOUT = 20
 # --- hand-made events ---------------------------------------------------------------
 
 
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text, "timestamp": 1}
+def user(text: str, **fields: Any) -> dict[str, Any]:
+    return {"role": "user", "content": text, "timestamp": 1, **fields}
 
 
 def assistant(*content: dict[str, Any], stop_reason: str = "stop", **fields: Any) -> dict[str, Any]:

@@ -13,22 +13,9 @@ import pytest
 from rich.console import Console
 
 from console.render import EventRenderer, json_line
+from tests.test_console import assistant, user
 
 watch_module = importlib.import_module("console.watch")  # `console.watch` the name is the function
-
-
-def user(text: str, **fields: Any) -> dict[str, Any]:
-    return {"role": "user", "content": text, "timestamp": 1, **fields}
-
-
-def assistant(*content: dict[str, Any], stop_reason: str = "stop", **fields: Any) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": list(content),
-        "usage": {"totalTokens": 12, "cost": {"total": 0.0}},
-        "stopReason": stop_reason,
-        **fields,
-    }
 
 
 def text(value: str) -> dict[str, Any]:
