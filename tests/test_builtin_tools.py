@@ -241,6 +241,17 @@ async def test_hidden_files_are_not_read_or_listed(
         await list_files(ListFilesArgs(path=".git"))
 
 
+async def test_a_hard_link_in_the_workspace_is_read_as_the_file_it_links(
+    workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A hard link is the file itself (the README: link in only what the
+    agent may read); unlike a symbolic link it names no place outside."""
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "shared.txt").write_text("linked in on purpose\n")
+    os.link(outside / "shared.txt", workspace / "shared.txt")
+    assert "linked in on purpose" in text_of(await read_file(ReadFileArgs(path="shared.txt")))
+
+
 async def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(
     workspace: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
