@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -17,12 +19,15 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from temporalio.client import Client
 
 from activities.llm import LlmActivities
 from activities.model_http import ChatPoster, ChunkStream
 from runtime.settings import Settings
 from testbed.scripted_model import ScriptedModelServer
 from tests.support.serving import serving
+from tests.test_worker_settings import settings_for
+from worker import build_worker
 
 PARAMS: dict[str, Any] = {
     "model": "m",
@@ -427,3 +432,274 @@ async def test_a_body_that_goes_on_after_done_is_read_so_the_connection_is_reuse
             assert [c async for c in stream] == [CHUNK]
         await http.aclose()
     assert len(peers) == 3 and len(set(peers)) == 1
+
+
+def streaming(request: httpx2.Request) -> httpx2.Response:
+    return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=sse(CHUNK))
+
+
+@direct_only
+async def test_a_new_api_key_alone_is_used_from_the_next_request() -> None:
+    """A rotated OPENAI_API_KEY set on the client, the base URL unchanged, authenticates the next call."""
+    direct, _, sent = posters(streaming)
+    await outcome(direct)
+    direct.client.api_key = "sk-new"
+    await outcome(direct)
+    assert [r.headers["authorization"] for r in sent] == ["Bearer sk-test", "Bearer sk-new"]
+
+
+@direct_only
+async def test_a_new_base_url_alone_is_used_from_the_next_request() -> None:
+    """A base URL moved to another server, the key unchanged, is where the next call goes."""
+    direct, _, sent = posters(streaming)
+    await outcome(direct)
+    direct.client.base_url = "http://other.test/v2/"
+    await outcome(direct)
+    assert str(sent[1].url) == "http://other.test/v2/chat/completions"
+
+
+@direct_only
+async def test_a_streamed_error_answer_raises_what_client_post_raises() -> None:
+    """A 429 whose body arrives in pieces (a real server's) is read whole: RateLimitError with its message
+    and Retry-After."""
+    body = b'{"error": {"message": "slow down", "type": "rate_limit"}}'
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
+            429,
+            headers={"content-type": "application/json", "retry-after": "3"},
+            stream=Blocks([body[:10], body[10:]]),
+        )
+
+    direct, through_client, _ = posters(handler)
+    mine, theirs = await outcome(direct), await outcome(through_client)
+    assert mine == theirs
+    assert mine[0] is openai.RateLimitError and mine[4]["retry-after"] == "3"
+
+
+@direct_only
+async def test_a_status_error_carries_no_http_error_as_its_cause() -> None:
+    """As client.post's (``from None``): the activity failure shows the API error, not httpx's under it."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(500, json={"error": {"message": "boom"}})
+
+    direct, through_client, _ = posters(handler)
+    errors = []
+    for poster in (direct, through_client):
+        with pytest.raises(openai.InternalServerError) as info:
+            await poster.stream(PARAMS)
+        errors.append((info.value.__cause__, info.value.__suppress_context__))
+    assert errors[0] == errors[1] == (None, True)
+
+
+@direct_only
+async def test_a_body_holding_nan_is_refused_as_client_post_refuses_it() -> None:
+    """NaN is no JSON: the call fails before sending, as client.post's, not with ``NaN`` on the wire."""
+    direct, through_client, sent = posters(streaming)
+    params = {**PARAMS, "temperature": math.nan}
+    for poster in (direct, through_client):
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            await poster.stream(params)
+    assert sent == []
+
+
+@direct_only
+async def test_headers_configured_on_the_http_client_are_sent_as_configured() -> None:
+    """A Host or Cookie header set on the httpx client passed as http_client is sent, as client.post sends
+    it."""
+    sent: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        return httpx2.Response(
+            200, headers={"content-type": "text/event-stream", "set-cookie": "lb=node-2"}, content=sse(CHUNK)
+        )
+
+    def poster(direct: bool) -> ChatPoster:
+        http = httpx2.AsyncClient(
+            transport=httpx2.MockTransport(handler),
+            headers={"Host": "llm.internal.example", "Cookie": "CF_Authorization=tok"},
+        )
+        client = openai.AsyncOpenAI(
+            api_key="k", base_url="http://model.test/v1", max_retries=0, http_client=http
+        )
+        return ChatPoster(client, direct=direct)
+
+    direct, through_client = poster(True), poster(False)
+    for _ in range(2):
+        await outcome(direct)
+        await outcome(through_client)
+    for mine, theirs in ((sent[0], sent[1]), (sent[2], sent[3])):
+        assert mine.headers.multi_items() == theirs.headers.multi_items()
+        assert mine.headers["host"] == "llm.internal.example"
+        assert mine.headers["cookie"] == "CF_Authorization=tok"
+
+
+@direct_only
+async def test_a_changed_stickiness_cookie_is_sent_after_a_new_key() -> None:
+    """The jar's latest cookie goes out, even after a key rotation rebuilt the request template."""
+    values = iter(["node-2", "node-3", "node-4"])
+    cookies_sent: list[str | None] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        cookies_sent.append(request.headers.get("cookie"))
+        return httpx2.Response(
+            200,
+            headers={"content-type": "text/event-stream", "set-cookie": f"lb={next(values)}"},
+            content=sse(CHUNK),
+        )
+
+    direct, _, _ = posters(handler)
+    await outcome(direct)
+    direct.client.api_key = "sk-new"
+    await outcome(direct)
+    await outcome(direct)
+    assert cookies_sent == [None, "lb=node-2", "lb=node-3"]
+
+
+def test_an_azure_client_without_retries_posts_through_it() -> None:
+    """Azure routes each call by its deployment: its requests differ, so client.post sends them."""
+    assert not ChatPoster(
+        openai.AsyncAzureOpenAI(api_key="k", api_version="v", azure_endpoint="http://x", max_retries=0)
+    ).direct
+
+
+def test_a_client_with_one_retry_posts_through_it() -> None:
+    """Any retries of the client's own (even one) are client.post's to make."""
+    assert not ChatPoster(openai.AsyncOpenAI(api_key="k", max_retries=1)).direct
+
+
+def test_a_workload_identity_client_posts_through_it() -> None:
+    """A workload identity fetches and refreshes its token per request: client.post sends them."""
+    identity: Any = {
+        "identity_provider_id": "idp",
+        "service_account_id": "sa",
+        "provider": {"token_type": "jwt", "get_token": lambda: "jwt"},
+    }
+    client = openai.AsyncOpenAI(workload_identity=identity, max_retries=0)
+    assert client._workload_identity_auth is not None
+    assert not ChatPoster(client).direct
+
+
+def test_a_client_with_a_provider_runtime_posts_through_it() -> None:
+    """A provider's runtime transforms each request: client.post sends them."""
+    client = openai.AsyncOpenAI(api_key="k", max_retries=0)
+    client._provider_runtime = object()  # type: ignore[assignment]
+    assert not ChatPoster(client).direct
+
+
+@direct_only
+async def test_closing_a_stream_closes_its_response() -> None:
+    """``close`` (a refused answer) stops the model writing: the connection is released at once."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=Blocks([sse(CHUNK)])
+        )
+
+    direct, _, _ = posters(handler)
+    stream = await direct.stream(PARAMS)
+    assert not stream.response.is_closed
+    await stream.close()
+    assert stream.response.is_closed
+
+
+@direct_only
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param(
+            [b"data: 1\r", b": c", b"\n\ndata: [DONE]\n\n"], id="a CR, a block without line end, a LF"
+        ),
+        pytest.param([b"data:  [DONE]\n\n"], id="[DONE] after two spaces is no [DONE]"),
+        pytest.param([b"data: [DONE] bye\n\n", b"data: 1\n\n"], id="[DONE] followed by more on its line"),
+        pytest.param([b"data: {\ndata: nope\n\n"], id="bad JSON over two data lines"),
+        pytest.param([b'data: {"error": null, "x": 1}\n\n', b"data: [DONE]\n\n"], id="a null error"),
+        pytest.param([b"data: [1, 2]\n\n", b"data: [DONE]\n\n"], id="a chunk that is a JSON array"),
+        pytest.param([b'data: {"error": {"message": 5}}\n\n'], id="an error whose message is no string"),
+        pytest.param([b'data: {"error": "boom"}\n\n'], id="an error that is a string"),
+        pytest.param([b"data: [DONE]\n\n", httpx2.RemoteProtocolError("x")], id="dropped after [DONE]"),
+        pytest.param([b"data: 1\n \ndata: 2\n\n"], id="a line of a space is no blank line"),
+        pytest.param([b"datax: 1\n\ndata: 2\n\n", b"data: [DONE]\n\n"], id="a field named datax is not data"),
+    ],
+)
+async def test_more_streams_read_as_openais_do(blocks: list[bytes | Exception]) -> None:
+    await assert_same_stream(blocks)
+
+
+@direct_only
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param([b'data: {"error": {"message": "overloaded"}}\n\n', b": more\n\n"], id="an error chunk"),
+        pytest.param([b"data: {not json\n\n", b": more\n\n"], id="a chunk that is not JSON"),
+    ],
+)
+async def test_a_stream_that_fails_releases_its_connection(blocks: list[bytes | Exception]) -> None:
+    """A failing answer does not hold its connection (and the server's worker) until garbage collection."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=Blocks(blocks))
+
+    direct, _, _ = posters(handler)
+    stream = await direct.stream(PARAMS)
+    with pytest.raises((openai.APIError, ValueError)):
+        async for _ in stream:
+            pass
+    assert stream.response.is_closed
+
+
+class Endless(httpx2.AsyncByteStream):
+    """[DONE], then comments that are always at hand and end only after millions."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield sse(CHUNK)
+        for _ in range(3_000_000):
+            yield b": keep-alive\n\n"
+
+
+@direct_only
+async def test_a_body_that_goes_on_after_done_is_given_up_on_at_once() -> None:
+    """After [DONE] the rest of the body is read for a moment only, even when it keeps coming: the answer
+    ends."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=Endless())
+
+    direct, _, _ = posters(handler)
+    started = time.monotonic()
+    assert await outcome(direct) == [CHUNK]
+    assert time.monotonic() - started < 1.0
+
+
+@direct_only
+async def test_a_data_line_that_is_not_utf8_fails_as_openais_stream_does() -> None:
+    """Not decoded with replacement characters: the call fails (UnicodeDecodeError) on both paths."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        body = [b'data: {"a":"\xff"}\n\n', b"data: [DONE]\n\n"]
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=Blocks(body))
+
+    direct, through_client, _ = posters(handler)
+    for poster in (direct, through_client):
+        stream = await poster.stream(PARAMS)
+        with pytest.raises(UnicodeDecodeError):
+            async for _ in stream:
+                pass
+
+
+@pytest.mark.parametrize(("env", "direct"), [({"AGENT_SDK_FALLBACKS": "on"}, False), ({}, True)])
+async def test_sdk_fallbacks_post_model_calls_through_the_openai_client(
+    client: Client, tmp_path: Path, env: dict[str, str], direct: bool
+) -> None:
+    """README: AGENT_SDK_FALLBACKS=on sends model calls through the openai client's post,
+    AGENT_DIRECT_MODEL_POST aside."""
+    worker = build_worker(client, settings_for(tmp_path, OPENAI_API_KEY="k", **env))
+    llms = {
+        getattr(a, "__self__", None)
+        for a in worker.config()["activities"]
+        if isinstance(getattr(a, "__self__", None), LlmActivities)
+    }
+    expected = direct and ChatPoster(openai.AsyncOpenAI(api_key="k", max_retries=0)).direct
+    assert [llm._model_poster().direct for llm in llms] == [expected]
