@@ -104,7 +104,10 @@ def _location(error: ValidationError) -> str:
     path = [str(p) for p in error.absolute_path]
     if error.validator == "required" and isinstance(error.instance, dict):
         missing = [name for name in error.validator_value if name not in error.instance]
-        path += missing[:1]
+        # One error per missing property, each holding the whole `required`
+        # list: its message names which ("'b' is a required property").
+        named = [name for name in missing if error.message == f"{name!r} is a required property"]
+        path += (named or missing)[:1]
     return ".".join(path) or "root"
 
 
