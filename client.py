@@ -70,6 +70,7 @@ from workflows.contract import (
     item_payload,
     start_input_problem,
 )
+from workflows.inputs import InputError, prompt_messages
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
 
 # The client, and the contract's models its methods take and return.
@@ -287,6 +288,11 @@ class Conversation:
         # As the workflow will read it (the converter's JSON: a set as a list,
         # an enum as its value), which would fail the conversation at once.
         problem = start_input_problem(to_jsonable_python(input))
+        if problem is None and "prompt" in input:
+            try:  # as the workflow reads it (a prompt it refuses fails the conversation at once)
+                prompt_messages(to_jsonable_python(input["prompt"]), lambda: 0)
+            except InputError as err:
+                problem = str(err)
         if problem is not None:
             raise Refused(problem)
         try:

@@ -865,6 +865,9 @@ async def test_list_finds_a_model_whose_name_has_a_quote(stack: Stack) -> None:
         ({"max_turns": 0}, "maxTurns"),
         ({"sytem_prompt": "Be brief."}, "Unknown start input key(s) sytemPrompt"),
         ({"thinking_level": "extreme"}, "thinkingLevel"),
+        ({"prompt": "   "}, "The message text is empty"),
+        ({"prompt": [f"m{i}" for i in range(101)]}, "at most 100 messages"),
+        ({"prompt": {"role": "assistant", "content": []}}, "role `assistant` cannot be sent"),
     ],
 )
 async def test_a_start_the_workflow_would_refuse_is_refused_before_anything_starts(
