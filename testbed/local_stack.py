@@ -257,7 +257,7 @@ def start_ready_process(
 
 
 def start_scripted_model(log_path: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m scripted_model`` as a child process; returns it and its base URL."""
+    """``python -m testbed.scripted_model`` as a child process; returns it and its base URL."""
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "testbed.scripted_model", "--host", "127.0.0.1", "--port", "0"],

@@ -1,4 +1,4 @@
-"""`python -m scripted_model --host 127.0.0.1 --port 0`: serve until SIGTERM/SIGINT.
+"""`python -m testbed.scripted_model --host 127.0.0.1 --port 0`: serve until SIGTERM/SIGINT.
 
 Prints exactly one line, `scripted model listening on http://HOST:PORT/v1`, so a
 parent process can read the URL (port 0 picks a free port).
@@ -15,7 +15,7 @@ from .server import serve
 
 def _parse_args() -> argparse.Namespace:
     """Command-line options."""
-    parser = argparse.ArgumentParser(prog="python -m scripted_model", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testbed.scripted_model", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument(
         "--port",
