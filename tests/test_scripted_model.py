@@ -272,17 +272,22 @@ async def test_scripted_length_finish_reason_is_delivered(
     assert finish_reason(await stream_chunks(srv, "m")) == "length"
 
 
-@pytest.mark.asyncio
-async def test_raw_string_arguments_are_sent_verbatim(srv: ScriptedModelServer) -> None:
-    srv.script("m", [{"tool_calls": [{"name": "calculator", "arguments": '{"expression": '}]}])
-    chunks = await stream_chunks(srv, "m")
-    arguments = "".join(
+def streamed_arguments(chunks: list[Any]) -> str:
+    """The tool-call argument text of a stream, its deltas joined."""
+    return "".join(
         d.function.arguments or ""
         for c in chunks
         if c.choices
         for d in c.choices[0].delta.tool_calls or []
         if d.function
     )
+
+
+@pytest.mark.asyncio
+async def test_raw_string_arguments_are_sent_verbatim(srv: ScriptedModelServer) -> None:
+    srv.script("m", [{"tool_calls": [{"name": "calculator", "arguments": '{"expression": '}]}])
+    chunks = await stream_chunks(srv, "m")
+    arguments = streamed_arguments(chunks)
     assert arguments == '{"expression": '
 
 
@@ -697,13 +702,7 @@ async def test_non_ascii_arguments_are_sent_as_is(srv: ScriptedModelServer) -> N
     """Arguments with non-ASCII text stream unescaped, as OpenAI sends them."""
     srv.script("m", [{"tool_calls": [{"name": "read_file", "arguments": {"path": "Zürich.txt"}}]}])
     chunks = await stream_chunks(srv, "m")
-    arguments = "".join(
-        d.function.arguments or ""
-        for c in chunks
-        if c.choices
-        for d in c.choices[0].delta.tool_calls or []
-        if d.function
-    )
+    arguments = streamed_arguments(chunks)
     assert arguments == '{"path": "Zürich.txt"}'
 
 
