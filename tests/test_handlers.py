@@ -235,6 +235,32 @@ def test_state_says_closed_once_close_arrives_even_while_calls_await_approval() 
     assert s.search_attribute_values()["AgentStatus"] == "closed"
 
 
+# --- wait_for_idle ---------------------------------------------------------------------
+
+
+async def test_a_caller_waiting_for_idle_is_let_go_when_the_run_must_switch_mid_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that must continue as new mid-run (past half the signal limit)
+    waits for its handlers: the waiting caller is let go then and told to ask
+    again (ContinuedAsNew), neither kept (the switch, and the conversation,
+    would wait for it) nor answered while the run is still busy."""
+    wf = shell(running(session()))
+    wf._idle_waiters, wf._switching = 0, False
+    seen: list[tuple[bool, int]] = []
+
+    async def wait_condition(done: Any) -> None:
+        seen.append((done(), wf._idle_waiters))
+        wf._switching = True  # the run reached a turn boundary it must switch at
+        seen.append((done(), wf._idle_waiters))
+
+    monkeypatch.setattr(workflow, "wait_condition", wait_condition)
+    with pytest.raises(ApplicationError) as told:
+        await wf.wait_for_idle()
+    assert seen == [(False, 1), (True, 1)]
+    assert told.value.type == "ContinuedAsNew" and wf._idle_waiters == 0
+
+
 def test_state_names_the_workers_default_model_only_while_the_conversation_may_record_it() -> None:
     """Before the first task records a model `state` names the worker's default; a conversation
     closed before recording one says null, not the default of whichever worker answers the query."""
