@@ -671,7 +671,7 @@ async def test_a_body_that_goes_on_after_done_is_given_up_on_at_once() -> None:
     direct, _, _ = posters(handler)
     started = time.monotonic()
     assert await outcome(direct) == [CHUNK]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5  # 0.1 s of draining; unbounded, it took ~20 s
 
 
 @direct_only
