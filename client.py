@@ -63,6 +63,7 @@ from workflows.contract import (
     ApprovalRequest,
     PendingApproval,
     PromptResult,
+    SessionInput,
     SessionResult,
     SessionState,
     SettingsInForce,
@@ -70,7 +71,7 @@ from workflows.contract import (
     item_payload,
     start_input_problem,
 )
-from workflows.inputs import InputError, prompt_messages
+from workflows.inputs import InputError, clean_json, prompt_messages, validation_text
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
 
 # The client, and the contract's models its methods take and return.
@@ -287,10 +288,15 @@ class Conversation:
             input["messages"] = MessageList.dump_python(messages, mode="json")
         # As the workflow will read it (the converter's JSON: a set as a list,
         # an enum as its value), which would fail the conversation at once.
-        problem = start_input_problem(to_jsonable_python(input))
-        if problem is None and "prompt" in input:
-            try:  # as the workflow reads it (a prompt it refuses fails the conversation at once)
-                prompt_messages(to_jsonable_python(input["prompt"]), lambda: 0)
+        raw = to_jsonable_python(input)
+        problem = start_input_problem(raw)
+        if problem is None:
+            try:  # the prompt, read as the workflow reads it: parsed, then checked
+                parsed = SessionInput.model_validate(clean_json(raw)).prompt
+                if parsed is not None:
+                    prompt_messages(parsed, lambda: 0)
+            except ValidationError as err:
+                problem = validation_text("The start input is invalid", err)
             except InputError as err:
                 problem = str(err)
         if problem is not None:

@@ -20,6 +20,7 @@ from runtime.settings import Settings
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import EventLog, Stack
 from tests.support.tools import guarded_call
+from workflows.inputs import MAX_MESSAGE_BYTES
 from workflows.models import AgentMessage, AssistantMessage, ToolResultMessage, UserMessage
 
 
@@ -868,6 +869,8 @@ async def test_list_finds_a_model_whose_name_has_a_quote(stack: Stack) -> None:
         ({"prompt": "   "}, "The message text is empty"),
         ({"prompt": [f"m{i}" for i in range(101)]}, "at most 100 messages"),
         ({"prompt": {"role": "assistant", "content": []}}, "role `assistant` cannot be sent"),
+        # at the limit as sent, past it as the workflow measures it (with its timestamp)
+        ({"prompt": {"role": "user", "content": "x" * (MAX_MESSAGE_BYTES - 28)}}, "the limit is 2.1 MB"),
     ],
 )
 async def test_a_start_the_workflow_would_refuse_is_refused_before_anything_starts(
@@ -883,6 +886,22 @@ async def test_a_start_the_workflow_would_refuse_is_refused_before_anything_star
     with pytest.raises(RPCError) as missing:
         await client.get_workflow_handle(conversation_id).describe()
     assert missing.value.status == RPCStatusCode.NOT_FOUND
+
+
+async def test_a_start_prompt_is_measured_as_the_workflow_parses_it() -> None:
+    """A key a message does not have is dropped before its size is measured,
+    as the workflow does: 2 MB of it is no reason to refuse the start."""
+
+    class Started(Exception):
+        pass
+
+    class StartingClient:
+        async def start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+            raise Started
+
+    prompt = {"role": "user", "content": "hi", "junk": "x" * MAX_MESSAGE_BYTES}
+    with pytest.raises(Started):
+        await Conversation._start(StartingClient(), "q", "id", prompt, None, {})  # type: ignore[arg-type]
 
 
 async def test_a_start_with_settings_the_converter_makes_json_is_not_refused(stack: Stack) -> None:
