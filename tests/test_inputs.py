@@ -277,11 +277,9 @@ def test_settings_at_their_bounds_are_taken() -> None:
     assert start_input_problem({"streamBatchMs": 10_000, "maxCost": 0.01}) is None
 
 
-def test_an_approval_timeout_longer_than_any_timer_is_refused() -> None:
-    """The largest timeout taken is one a timer can be set for (Python's timedelta)."""
-    timedelta(seconds=MAX_APPROVAL_TIMEOUT_SECONDS)  # a timer can wait this long
-    with pytest.raises(ValidationError):
-        AgentSettings.model_validate({"approvalTimeoutSeconds": timedelta.max.total_seconds() + 1})
+def test_the_longest_approval_timeout_taken_is_one_a_timer_can_wait() -> None:
+    """The largest approvalTimeoutSeconds is within Python's timedelta (a timer's wait)."""
+    assert timedelta(seconds=MAX_APPROVAL_TIMEOUT_SECONDS) <= timedelta.max
 
 
 @pytest.mark.parametrize(
@@ -377,6 +375,7 @@ def test_an_application_message_is_kept_as_sent() -> None:
     """A message of one's own role is taken without a timestamp being added."""
     message = prompt_message({"role": "note", "content": "x"}, now)
     assert isinstance(message, CustomMessage)
+    assert message.model_dump(mode="json") == {"role": "note", "content": "x"}
 
 
 def test_a_start_input_takes_a_list_of_prompts() -> None:

@@ -483,8 +483,8 @@ async def test_each_commands_payloads_are_stored_for_that_commands_target(client
         activities=[shout],
         workflow_runner=workflow_runner(),
     ):
-        result = await asyncio.wait_for(
-            storage_client.execute_workflow(ParentWorkflow.run, child_id, id=parent_id, task_queue=queue), 30
+        result = await storage_client.execute_workflow(
+            ParentWorkflow.run, child_id, id=parent_id, task_queue=queue, execution_timeout=HANG
         )
     assert result == ["done"]
     targets = {target for target, data in driver.targets if "child-input-" in data}

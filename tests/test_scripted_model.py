@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -553,6 +554,16 @@ def test_starting_a_running_server_again_is_refused() -> None:
         server.start()
 
 
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
 def test_an_ipv6_host_gives_a_bracketed_base_url() -> None:
     """Bound to `::1`, the base URL is `http://[::1]:PORT/v1`, usable by a client."""
     with ScriptedModelServer(host="::1") as server:
