@@ -114,6 +114,9 @@ class DevServer:
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     codec: CodecServer | None = None
+    metrics_port: int | None = None
+    """Serve the server's own metrics (Prometheus text, ``metrics_url``): the
+    benchmark counts requests by operation from them."""
     _served: bool = False  # started once: a restart keeps this address
 
     @property
@@ -123,6 +126,10 @@ class DevServer:
     @property
     def ui_url(self) -> str:
         return f"http://127.0.0.1:{self.ui_port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else None
 
     def start(self) -> DevServer:
         if self.codec is not None:  # starts while the dev server does; ready before the UI is
@@ -161,6 +168,8 @@ class DevServer:
             args += ["--db-filename", self.db_filename]
         if self.codec is not None:
             args += ["--ui-codec-endpoint", self.codec.url]
+        if self.metrics_port:
+            args += ["--metrics-port", str(self.metrics_port)]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -173,6 +182,8 @@ class DevServer:
             if self._served or attempt >= 3:
                 raise
             self.port = free_port()
+            if self.metrics_port:
+                self.metrics_port = free_port()
             self._start_server(attempt + 1)
             return
         wait_for_port(self.ui_port, 60, self.process)

@@ -99,3 +99,46 @@ def test_a_variant_row_is_the_project_row_with_the_settings_given() -> None:
     assert "--variant" in plain_missing["project-variant"]
     with pytest.raises(ValueError, match="NAME=VALUE"):
         parse_variant(["AGENT_DIRECT_MODEL_POST"])
+
+
+def test_server_requests_are_the_frontends_by_operation() -> None:
+    """The bench counts what workers and clients asked of the server: the
+    frontend's requests, summed over namespaces, nothing the server asked itself."""
+    from bench.peers.measure import parse_server_requests
+
+    text = "\n".join(
+        [
+            "# HELP service_requests service_requests counter",
+            "# TYPE service_requests counter",
+            'service_requests{namespace="default",operation="QueryWorkflow",service_name="frontend"} 3',
+            'service_requests{namespace="other",operation="QueryWorkflow",service_name="frontend"} 2',
+            'service_requests{namespace="default",operation="QueryWorkflow",service_name="history"} 7',
+            'service_requests{namespace="x",operation="PollWorkflowTaskQueue",service_name="frontend"} 4e+01',
+            'service_latency_count{namespace="default",operation="QueryWorkflow",service_name="frontend"} 9',
+            'service_requests{namespace="default",service_name="frontend"} 5',
+        ]
+    )
+    assert parse_server_requests(text) == {"QueryWorkflow": 5, "PollWorkflowTaskQueue": 40}
+
+
+def test_queries_and_heartbeats_count_as_billed_actions() -> None:
+    """Queries and activity heartbeats are billed but leave no event: they are
+    added to a conversation's actions from the server's requests."""
+    from collections import Counter
+
+    from bench.peers.measure import History
+
+    history = History(events=10, bytes=100, runs=1, actions=Counter({"activities": 4}))
+    history.count_server_actions(
+        Counter(
+            {
+                "QueryWorkflow": 3,
+                "RecordActivityTaskHeartbeat": 2,
+                "RecordActivityTaskHeartbeatById": 1,
+                "RespondQueryTaskCompleted": 3,
+                "PollWorkflowTaskQueue": 40,
+            }
+        )
+    )
+    assert history.actions == {"activities": 4, "queries": 3, "heartbeats": 3}
+    assert history.total_actions == 10

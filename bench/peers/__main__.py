@@ -11,7 +11,9 @@ One warm-up conversation per row, then ``--runs`` rounds in which every row
 runs one conversation, in an order rotated each round; medians. Per row:
 ms per turn (a turn is a model call) until the client has the final answer,
 CPU ms per turn of each process, history bytes, events and billable actions
-per turn (all runs of the conversation), and each row against the floor
+per turn (all runs of the conversation; queries and heartbeats, which
+leave no event, counted from the server's requests), the server's requests
+by operation per conversation, and each row against the floor
 round by round (the median of the rounds' ratios: the machine's load moves
 every row of a round alike, so a ratio of one round to the same round's
 floor holds still where each row's own median does not). Prints a table,
@@ -28,17 +30,25 @@ import statistics
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.peers.measure import ACTION_KINDS, CpuMeter, History, fetch_history
+from bench.peers.measure import (
+    ACTION_KINDS,
+    CpuMeter,
+    History,
+    fetch_history,
+    server_requests,
+)
 from bench.peers.rows import Conversation, Row, ScriptedModel, Stack
 from bench.peers.scenario import steps
-from testbed.local_stack import DevServer
+from testbed.local_stack import DevServer, free_port
 
 DATA = Path(".agent-data/bench/peers")
 CONVERSATION_TIMEOUT_S = 180
+REQUESTS_SETTLE_S = 1.2
 ROW_KEYS = (
     "baseline",
     "floor",
@@ -61,6 +71,7 @@ class Sample:
     cpu_ms: dict[str, float]  # by role
     history: History | None
     stored_bytes: int | None
+    requests: Counter[str] | None = None  # the server's, by operation (frontend)
 
 
 def available_rows(variant: dict[str, str] | None = None) -> tuple[dict[str, Row], dict[str, str]]:
@@ -117,6 +128,8 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
     model = f"{key}-{uuid.uuid4().hex[:8]}"
     await stack.model_server.script(model, steps(rounds))
     stored_before = _tree_bytes(row.payload_store)
+    metrics_url = stack.dev.metrics_url
+    requests_before = server_requests(metrics_url) if metrics_url else None  # outside the CPU window
     before = meter.read()
     conversation = await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
     after = meter.read()
@@ -126,6 +139,16 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
     history = None
     if row.client is not None and conversation.workflow_id:
         history = await fetch_history(row.client, conversation.workflow_id, conversation.first_run_id)
+    requests = None
+    if metrics_url and requests_before is not None:
+        # The server publishes its counters once a second, and a subscriber's
+        # last acknowledgement comes just after the answer: wait for both, so
+        # they count with this conversation, not the next. The window holds
+        # the bench's own history read (GetWorkflowExecutionHistory, a run).
+        await asyncio.sleep(REQUESTS_SETTLE_S)
+        requests = server_requests(metrics_url) - requests_before
+        if history is not None:
+            history.count_server_actions(requests)
     spent = CpuMeter.spent(before, after)
     own = {f"{key}#{i}" for i in range(len(row.workers))}
     cpu = {
@@ -136,7 +159,7 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
         "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
     }
     stored = None if stored_before is None or stored_after is None else stored_after - stored_before
-    return Sample(run, conversation, cpu, history, stored)
+    return Sample(run, conversation, cpu, history, stored, requests)
 
 
 def _tree_bytes(root: Path | None) -> int | None:
@@ -155,7 +178,7 @@ async def main(
     fresh_payload_store()
     rows, missing = available_rows(variant)
     rows = {key: rows[key] for key in keys if key in rows}
-    dev = DevServer(log_path=DATA / "server.log").start()
+    dev = DevServer(log_path=DATA / "server.log", metrics_port=free_port()).start()
     try:
         model_server = ScriptedModel.start(DATA / "scripted-model.log")
         try:
@@ -272,6 +295,12 @@ def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: 
             for kind in ACTION_KINDS
             if any(h.actions[kind] for h, _ in histories)
         }
+    counted = [s.requests for s in samples if s.requests is not None]
+    if counted:
+        operations = sorted(set().union(*counted))
+        out["server_requests_per_conversation"] = {
+            operation: median(counts[operation] for counts in counted) for operation in operations
+        }
     stored = [s.stored_bytes / s.conversation.turns for s in samples if s.stored_bytes is not None]
     if stored:
         out["payload_store_bytes_per_turn"] = round(statistics.median(stored))
@@ -323,6 +352,7 @@ def print_table(summary: dict[str, Any]) -> None:
         actions = row.get("actions_per_conversation")
         if actions:
             print(f"  {row['name']:26} " + ", ".join(f"{kind} {count:g}" for kind, count in actions.items()))
+    print_server_requests(summary)
     for row in summary["rows"].values():
         if row.get("payload_store_bytes_per_turn"):
             print(
@@ -331,6 +361,21 @@ def print_table(summary: dict[str, Any]) -> None:
     for key, reason in summary["missing"].items():
         print(f"not run: {key}: {reason}")
     print(f"took {summary['seconds']} s")
+
+
+def print_server_requests(summary: dict[str, Any]) -> None:
+    """The server's requests per conversation by operation, one column per
+    row (medians; operations under half a request in every row left out)."""
+    rows = [row for row in summary["rows"].values() if row.get("server_requests_per_conversation")]
+    if not rows:
+        return
+    counts = [row["server_requests_per_conversation"] for row in rows]
+    operations = [op for op in sorted(set().union(*counts)) if max(c.get(op, 0) for c in counts) >= 0.5]
+    print("server requests per conversation (frontend, by operation; medians):")
+    print(f"  {'operation':34} " + " ".join(f"{row['name'][:14]:>14}" for row in rows))
+    for op in operations:
+        print(f"  {op:34} " + " ".join(f"{c.get(op, 0):>14g}" for c in counts))
+    print(f"  {'all':34} " + " ".join(f"{sum(c.values()):>14g}" for c in counts))
 
 
 if __name__ == "__main__":

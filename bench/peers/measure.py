@@ -1,10 +1,13 @@
-"""What each conversation is measured by: CPU per process, and its history
-(bytes, events, billable actions), fetched across continue-as-new."""
+"""What each conversation is measured by: CPU per process, its history
+(bytes, events, billable actions), fetched across continue-as-new, and the
+requests the server answered (by operation, from the server's metrics)."""
 
 from __future__ import annotations
 
 import os
+import re
 import resource
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -15,8 +18,8 @@ from temporalio.client import Client
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 # Events that Temporal Cloud bills as an action, one each. Queries, activity
-# heartbeats and rejected updates are billed too but leave no event, so they
-# are not in these counts.
+# heartbeats and rejected updates are billed too but leave no event: the
+# first two are counted from the server's requests (``SERVER_ACTIONS``).
 _ACTIONS = {
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED: "workflow_starts",
     EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: "activities",
@@ -27,8 +30,35 @@ _ACTIONS = {
     EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED: "child_workflows",
     EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED: "external_signals",
 }
-ACTION_KINDS = (*_ACTIONS.values(), "local_activities")
+# Billed actions that leave no event, by the frontend operations that make them.
+SERVER_ACTIONS = {
+    "queries": ("QueryWorkflow",),
+    "heartbeats": ("RecordActivityTaskHeartbeat", "RecordActivityTaskHeartbeatById"),
+}
+ACTION_KINDS = (*_ACTIONS.values(), "local_activities", *SERVER_ACTIONS)
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+_REQUESTS = re.compile(r"^service_requests\{([^}]*)\} ([0-9.e+]+)$", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def server_requests(metrics_url: str) -> Counter[str]:
+    """Requests the server's frontend has answered so far, by operation (its
+    ``service_requests`` counter, summed over namespaces): what workers and
+    clients asked of it. Reading them costs the server some CPU, so read
+    them outside a CPU window."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        return parse_server_requests(response.read().decode())
+
+
+def parse_server_requests(text: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for labels, value in _REQUESTS.findall(text):
+        fields = dict(_LABEL.findall(labels))
+        if fields.get("service_name") == "frontend" and "operation" in fields:
+            counts[fields["operation"]] += int(float(value))
+    return counts
 
 
 def process_cpu_ms(pid: int) -> float:
@@ -79,6 +109,12 @@ class History:
     @property
     def total_actions(self) -> int:
         return sum(self.actions.values())
+
+    def count_server_actions(self, requests: Counter[str]) -> None:
+        """Add the billed actions that leave no event, from the server's
+        requests during the conversation (``server_requests``)."""
+        for kind, operations in SERVER_ACTIONS.items():
+            self.actions[kind] += sum(requests[operation] for operation in operations)
 
 
 async def fetch_history(client: Client, workflow_id: str, first_run_id: str | None) -> History:
