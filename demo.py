@@ -75,7 +75,8 @@ def script_model(base_url: str, model: str, steps: list[dict[str, Any]]) -> None
         headers={"Content-Type": "application/json"},
         method="POST",
     )
-    urllib.request.urlopen(request, timeout=5).read()
+    # The model server is on this machine: never through an http_proxy the user set.
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5).read()
 
 
 async def run_demo(console: Console) -> int:
@@ -96,16 +97,16 @@ async def run_demo(console: Console) -> int:
     server.start()
     model_process: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = []
-    env = {"TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-demo"}
-    configured = Settings.from_env()  # the user's AGENT_MODEL and OPENAI_API_KEY, as the worker reads them
-    model = configured.default_model
-    if not configured.openai_api_key:
-        model_process, base_url = start_scripted_model(DATA / "demo-model.log")
-        model = f"scripted-demo-{uuid.uuid4().hex[:6]}"
-        script_model(base_url, model, demo_script())
-        env |= {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "offline"}
-        console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
     try:
+        env = {"TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-demo"}
+        configured = Settings.from_env()  # the AGENT_MODEL and OPENAI_API_KEY the worker reads
+        model = configured.default_model
+        if not configured.openai_api_key:
+            model_process, base_url = start_scripted_model(DATA / "demo-model.log")
+            model = f"scripted-demo-{uuid.uuid4().hex[:6]}"
+            script_model(base_url, model, demo_script())
+            env |= {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "offline"}
+            console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
         workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
         settings = Settings.from_env(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
         conversation = await Conversation.start(
@@ -120,6 +121,7 @@ async def run_demo(console: Console) -> int:
         renderer = EventRenderer(console)
         steered = killed = False
         assistant_starts = 0
+        failure: str | None = None
         async for _offset, event in conversation.events():
             renderer.render(event)
             kind = event["type"]
@@ -132,6 +134,13 @@ async def run_demo(console: Console) -> int:
                 console.print(f"[magenta]» follow-up queued:[/] {FOLLOW_UP}")
             if kind == "message_start" and event["message"]["role"] == "assistant":
                 assistant_starts += 1
+            if kind == "message_end" and event["message"]["role"] == "assistant":
+                ended = event["message"]
+                failure = (
+                    ended.get("errorMessage") or "no reason given"
+                    if ended.get("stopReason") == "error"
+                    else None
+                )
             if kind == "message_update" and assistant_starts == 2 and steered and not killed:
                 killed = True
                 await asyncio.sleep(0.6)
@@ -146,12 +155,16 @@ async def run_demo(console: Console) -> int:
                 break
         renderer.end_line()
         console.print()
+        if failure is not None:
+            console.print(f"[bold red]The demo failed: the model call failed ({failure}).[/]")
         console.print(f"[bold]See every step in the Temporal UI:[/] {settings.workflow_url(workflow_id)}")
         if server.codec is not None:
             console.print(
                 f"[dim]or from the CLI: temporal workflow query --address {server.address} "
                 f"--workflow-id {workflow_id} --type messages --codec-endpoint {server.codec.url}[/]"
             )
+        if failure is not None:
+            return 1
         if sys.stdin.isatty():
             console.print("[dim]Servers stay up for the UI; press Ctrl-C to stop.[/]")
             try:
