@@ -503,12 +503,21 @@ class Conversation:
         Runs never overlap, so the first ``agent_end`` from its offset is its own.
         A reader behind by more than a continue-as-new carries may miss it:
         a second ``agent_start`` is then the next run's, and this run's
-        events end before it."""
-        begun = False
-        async for offset, event in self.events(started.event_offset, on_skipped=on_skipped):
+        events end before it; and when the events no longer kept reach past
+        its offset (where its ``agent_start`` was published), the first
+        ``agent_start`` read is another run's too."""
+        begun = own_start_lost = False
+
+        def skipped(first: int, next_kept: int) -> None:
+            nonlocal own_start_lost
+            own_start_lost = own_start_lost or first <= started.event_offset < next_kept
+            if on_skipped is not None:
+                on_skipped(first, next_kept)
+
+        async for offset, event in self.events(started.event_offset, on_skipped=skipped):
             if event.get("type") == "agent_start":
-                if begun:
-                    return  # this run's end was not kept
+                if begun or own_start_lost:
+                    return  # this run's end (or its start) was not kept
                 begun = True
             yield offset, event
             if event.get("type") == "agent_end" and isinstance(event.get("messages"), list):

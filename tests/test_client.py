@@ -330,6 +330,21 @@ async def test_fork_starts_from_the_first_n_messages_and_takes_a_prompt(stack: S
     await fork.close()
 
 
+async def test_a_forks_id_and_options_are_the_callers(stack: Stack) -> None:
+    """``fork(at, id=..., **options)``: the id given, and each option over the original's setting."""
+    stack.script({"text": "the first answer"})
+    chat = await stack.conversation(system_prompt="Be brief.")
+    await chat.prompt("question one")
+
+    fork = await chat.fork(at=2, id=f"{chat.id}-mine", system_prompt="Be thorough.")
+
+    assert fork.id == f"{chat.id}-mine"
+    state = await fork.state()
+    assert (state.model, state.system_prompt) == (stack.model, "Be thorough.")
+    assert (await chat.state()).system_prompt == "Be brief."
+    await fork.close()
+
+
 async def test_fork_keeps_the_tools_the_model_may_call(stack: Stack) -> None:
     """A conversation that switched tools off forks into one that has them
     off too: a fork must not offer the model a tool the user took away."""
