@@ -122,23 +122,25 @@ def test_server_requests_are_the_frontends_by_operation() -> None:
 
 
 def test_queries_and_heartbeats_count_as_billed_actions() -> None:
-    """Queries and activity heartbeats are billed but leave no event: they are
-    added to a conversation's actions from the server's requests."""
+    """Queries and activity heartbeats are billed but leave no event: a row's
+    actions add them, from the server's requests of its counted conversations."""
     from collections import Counter
 
+    from bench.peers.__main__ import Sample, _summarise
     from bench.peers.measure import History
+    from bench.peers.rows import Conversation
 
-    history = History(events=10, bytes=100, runs=1, actions=Counter({"activities": 4}))
-    history.count_server_actions(
-        Counter(
-            {
-                "QueryWorkflow": 3,
-                "RecordActivityTaskHeartbeat": 2,
-                "RecordActivityTaskHeartbeatById": 1,
-                "RespondQueryTaskCompleted": 3,
-                "PollWorkflowTaskQueue": 40,
-            }
-        )
-    )
-    assert history.actions == {"activities": 4, "queries": 3, "heartbeats": 3}
-    assert history.total_actions == 10
+    cpu = {"dev server": 1.0, "worker": 1.0, "client": 0.0, "model server": 0.0, "idle workers": 0.0}
+    history = History(events=10, bytes=100, runs=1, actions=Counter({"workflow_starts": 1, "activities": 9}))
+    sample = Sample(1, Conversation(seconds=1.0, turns=10), cpu, history, None)
+    counted = [
+        Counter({"QueryWorkflow": q, "RecordActivityTaskHeartbeat": 2, "RecordActivityTaskHeartbeatById": 1})
+        | Counter({"RespondQueryTaskCompleted": q, "PollWorkflowTaskQueue": 40})
+        for q in (2, 3, 9)
+    ]
+    row = _summarise("row", [sample], None, [], counted)
+    actions = {"workflow_starts": 1, "activities": 9, "queries": 3, "heartbeats": 3}
+    assert row["actions_per_conversation"] == actions
+    assert row["actions_per_turn"] == 1.6  # (10 + 3 + 3) / 10 turns
+    assert row["server_requests_per_conversation"]["QueryWorkflow"] == 3
+    assert _summarise("row", [sample], None, [])["actions_per_turn"] == 1.0  # nothing counted: history alone

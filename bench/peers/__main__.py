@@ -37,9 +37,11 @@ from typing import Any
 
 from bench.peers.measure import (
     ACTION_KINDS,
+    SERVER_ACTIONS,
     CpuMeter,
     History,
     fetch_history,
+    server_actions,
     server_requests,
 )
 from bench.peers.rows import Conversation, Row, ScriptedModel, Stack
@@ -49,6 +51,7 @@ from testbed.local_stack import DevServer, free_port
 DATA = Path(".agent-data/bench/peers")
 CONVERSATION_TIMEOUT_S = 180
 REQUESTS_SETTLE_S = 1.2
+COUNTED = 3  # conversations per row whose server requests are counted
 ROW_KEYS = (
     "baseline",
     "floor",
@@ -71,7 +74,6 @@ class Sample:
     cpu_ms: dict[str, float]  # by role
     history: History | None
     stored_bytes: int | None
-    requests: Counter[str] | None = None  # the server's, by operation (frontend)
 
 
 def available_rows(variant: dict[str, str] | None = None) -> tuple[dict[str, Row], dict[str, str]]:
@@ -128,8 +130,6 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
     model = f"{key}-{uuid.uuid4().hex[:8]}"
     await stack.model_server.script(model, steps(rounds))
     stored_before = _tree_bytes(row.payload_store)
-    metrics_url = stack.dev.metrics_url
-    requests_before = server_requests(metrics_url) if metrics_url else None  # outside the CPU window
     before = meter.read()
     conversation = await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
     after = meter.read()
@@ -139,16 +139,6 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
     history = None
     if row.client is not None and conversation.workflow_id:
         history = await fetch_history(row.client, conversation.workflow_id, conversation.first_run_id)
-    requests = None
-    if metrics_url and requests_before is not None:
-        # The server publishes its counters once a second, and a subscriber's
-        # last acknowledgement comes just after the answer: wait for both, so
-        # they count with this conversation, not the next. The window holds
-        # the bench's own history read (GetWorkflowExecutionHistory, a run).
-        await asyncio.sleep(REQUESTS_SETTLE_S)
-        requests = server_requests(metrics_url) - requests_before
-        if history is not None:
-            history.count_server_actions(requests)
     spent = CpuMeter.spent(before, after)
     own = {f"{key}#{i}" for i in range(len(row.workers))}
     cpu = {
@@ -159,7 +149,24 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
         "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
     }
     stored = None if stored_before is None or stored_after is None else stored_after - stored_before
-    return Sample(run, conversation, cpu, history, stored, requests)
+    return Sample(run, conversation, cpu, history, stored)
+
+
+async def count_requests(row: Row, key: str, stack: Stack, url: str, rounds: int) -> Counter[str]:
+    """The server's requests (frontend, by operation) for one conversation
+    of ``row``, run alone after the measured rounds: the server publishes
+    its counters once a second, so each count waits that out after the
+    answer (a subscriber's last acknowledgement comes just after it too).
+    Kept out of the measured rounds, whose CPU windows run back to back as
+    before: a pause after each would leave its late work (timers, a
+    collection) to no window."""
+    model = f"{key}-{uuid.uuid4().hex[:8]}"
+    await stack.model_server.script(model, steps(rounds))
+    await asyncio.sleep(REQUESTS_SETTLE_S)  # the last measured conversation's requests published
+    before = server_requests(url)
+    await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
+    await asyncio.sleep(REQUESTS_SETTLE_S)
+    return server_requests(url) - before
 
 
 def _tree_bytes(root: Path | None) -> int | None:
@@ -182,7 +189,7 @@ async def main(
     try:
         model_server = ScriptedModel.start(DATA / "scripted-model.log")
         try:
-            samples, errors = await run_rows(Stack(dev, model_server, DATA), rows, runs, rounds)
+            samples, errors, requests = await run_rows(Stack(dev, model_server, DATA), rows, runs, rounds)
         finally:
             await model_server.stop()
     finally:
@@ -191,7 +198,7 @@ async def main(
     base = samples.get("baseline")
     base_ms = statistics.median(_ms_per_turn(s) for s in base) if base else None
     for key, row in rows.items():
-        summary["rows"][key] = _summarise(row.name, samples[key], base_ms, errors[key])
+        summary["rows"][key] = _summarise(row.name, samples[key], base_ms, errors[key], requests[key])
         if key not in ("floor", "baseline") and samples.get("floor") and samples[key]:
             summary["rows"][key]["to_floor_by_round"] = paired_ratios(samples[key], samples["floor"])
     summary["missing"] = {key: missing[key] for key in keys if key in missing}
@@ -201,10 +208,13 @@ async def main(
 
 async def run_rows(
     stack: Stack, rows: dict[str, Row], runs: int, rounds: int
-) -> tuple[dict[str, list[Sample]], dict[str, list[str]]]:
-    """Each row's samples (and failures), rows interleaved, the order rotated each round."""
+) -> tuple[dict[str, list[Sample]], dict[str, list[str]], dict[str, list[Counter[str]]]]:
+    """Each row's samples (and failures), rows interleaved, the order
+    rotated each round; then, with the server's metrics, each row's
+    requests over ``COUNTED`` conversations more (``count_requests``)."""
     samples: dict[str, list[Sample]] = {key: [] for key in rows}
     errors: dict[str, list[str]] = {key: [] for key in rows}
+    requests: dict[str, list[Counter[str]]] = {key: [] for key in rows}
     try:
         for row in rows.values():
             await row.start(stack)
@@ -223,10 +233,17 @@ async def run_rows(
                     continue
                 if run:
                     samples[key].append(sample)
+        url = stack.dev.metrics_url
+        for key, row in rows.items():
+            for _ in range(COUNTED if url else 0):
+                try:
+                    requests[key].append(await count_requests(row, key, stack, url or "", rounds))
+                except Exception as err:
+                    errors[key].append(f"{type(err).__name__}: {err}")
     finally:
         for row in rows.values():
             await row.stop()
-    return samples, errors
+    return samples, errors, requests
 
 
 def _ms_per_turn(sample: Sample) -> float:
@@ -269,7 +286,16 @@ def _ratio_cell(ratios: dict[str, Any], key: str) -> str:
     return f"{ratios[key]} ({spread[0]}-{spread[1]})" if spread else str(ratios[key])
 
 
-def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: list[str]) -> dict[str, Any]:
+def _summarise(
+    name: str,
+    samples: list[Sample],
+    base_ms: float | None,
+    errors: list[str],
+    requests: list[Counter[str]] | None = None,
+) -> dict[str, Any]:
+    """A row's medians. ``requests``: the server's requests of its counted
+    conversations; the billed actions among them that leave no event
+    (queries, heartbeats) join the history's in the action counts."""
     out: dict[str, Any] = {"name": name, "conversations": len(samples), "errors": errors}
     if not samples:
         return out
@@ -285,21 +311,23 @@ def _summarise(name: str, samples: list[Sample], base_ms: float | None, errors: 
         role: median(s.cpu_ms[role] / s.conversation.turns for s in samples) for role in samples[0].cpu_ms
     }
     histories = [(s.history, s.conversation.turns) for s in samples if s.history is not None]
+    unlogged = [server_actions(counts) for counts in requests or []]
     if histories:
         out["history_bytes_per_turn"] = round(statistics.median(h.bytes / t for h, t in histories))
         out["history_events_per_turn"] = median(h.events / t for h, t in histories)
         out["history_runs"] = median((h.runs for h, _ in histories), 0)
-        out["actions_per_turn"] = median((h.total_actions / t for h, t in histories), 2)
+        logged = statistics.median(h.total_actions / t for h, t in histories)
+        extra = {kind: statistics.median(c[kind] for c in unlogged) for kind in SERVER_ACTIONS if unlogged}
+        out["actions_per_turn"] = round(logged + sum(extra.values()) / out["turns"], 2)
         out["actions_per_conversation"] = {
             kind: median((h.actions[kind] for h, _ in histories), 0)
             for kind in ACTION_KINDS
             if any(h.actions[kind] for h, _ in histories)
-        }
-    counted = [s.requests for s in samples if s.requests is not None]
-    if counted:
-        operations = sorted(set().union(*counted))
+        } | {kind: round(count) for kind, count in extra.items() if count}
+    if requests:
+        operations = sorted(set().union(*requests))
         out["server_requests_per_conversation"] = {
-            operation: median(counts[operation] for counts in counted) for operation in operations
+            operation: median(counts[operation] for counts in requests) for operation in operations
         }
     stored = [s.stored_bytes / s.conversation.turns for s in samples if s.stored_bytes is not None]
     if stored:
@@ -347,7 +375,7 @@ def print_table(summary: dict[str, Any]) -> None:
         for name, ratios in paired.items():
             cells = [_ratio_cell(ratios, key) for key in PAIRED]
             print(f"  {name:26} " + " ".join(f"{cell:>18}" for cell in cells))
-    print("billable actions per conversation (from history):")
+    print("billable actions per conversation (from history; queries, heartbeats from the server's requests):")
     for row in summary["rows"].values():
         actions = row.get("actions_per_conversation")
         if actions:

@@ -35,7 +35,7 @@ SERVER_ACTIONS = {
     "queries": ("QueryWorkflow",),
     "heartbeats": ("RecordActivityTaskHeartbeat", "RecordActivityTaskHeartbeatById"),
 }
-ACTION_KINDS = (*_ACTIONS.values(), "local_activities", *SERVER_ACTIONS)
+ACTION_KINDS = (*_ACTIONS.values(), "local_activities")
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
@@ -59,6 +59,12 @@ def parse_server_requests(text: str) -> Counter[str]:
         if fields.get("service_name") == "frontend" and "operation" in fields:
             counts[fields["operation"]] += int(float(value))
     return counts
+
+
+def server_actions(requests: Counter[str]) -> Counter[str]:
+    """The billed actions that leave no event (``SERVER_ACTIONS``), from a
+    conversation's server requests (``server_requests``)."""
+    return Counter({kind: sum(requests[op] for op in ops) for kind, ops in SERVER_ACTIONS.items()})
 
 
 def process_cpu_ms(pid: int) -> float:
@@ -109,12 +115,6 @@ class History:
     @property
     def total_actions(self) -> int:
         return sum(self.actions.values())
-
-    def count_server_actions(self, requests: Counter[str]) -> None:
-        """Add the billed actions that leave no event, from the server's
-        requests during the conversation (``server_requests``)."""
-        for kind, operations in SERVER_ACTIONS.items():
-            self.actions[kind] += sum(requests[operation] for operation in operations)
 
 
 async def fetch_history(client: Client, workflow_id: str, first_run_id: str | None) -> History:
