@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import PendingWorkflowTaskState
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 from temporalio.client import (
     WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -532,3 +533,16 @@ async def test_a_runs_events_do_not_include_a_later_runs_start(monkeypatch: pyte
     started = PromptResult(run=1, event_offset=5)
     offsets = [o async for o, _ in chat.run_events(started, on_skipped=lambda a, b: skipped.append((a, b)))]
     assert offsets == [] and skipped == [(5, 9)]
+
+
+async def test_a_worker_that_cannot_read_the_state_is_told_in_one_line_of_at_most_300_characters() -> None:
+    """A replay failure's message (lines, a long detail) is shown as one line, cut to 300 characters."""
+    fake = FakeClient()
+    detail = "A payload is too large\non this worker:\n  " + "x" * 1000
+    fake.handle.query_as = WorkflowQueryFailedError(detail)
+    fake.handle.describe_as = SimpleNamespace(status=WorkflowExecutionStatus.RUNNING)
+    conversation = bare_conversation(fake)
+    with pytest.raises(Refused) as refused:
+        await conversation.state()
+    prefix = f"Conversation {conversation.id}; a worker could not read its state: "
+    assert str(refused.value) == prefix + ("A payload is too large on this worker: " + "x" * 1000)[:300]
