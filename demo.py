@@ -35,6 +35,7 @@ from runtime.settings import Settings
 from testbed.local_stack import CodecServer, DevServer, start_scripted_model, start_worker, stop_process
 
 DATA = Path(".agent-data")
+LOCAL = "127.0.0.1,localhost"
 PROMPT = "Compute 17*23 and 2**10-1 with the calculator, and list the files of this project."
 STEER = "Also tell me which of the two numbers is larger."
 FOLLOW_UP = "Now sum it all up in one sentence."
@@ -105,7 +106,11 @@ async def run_demo(console: Console) -> int:
             model_process, base_url = start_scripted_model(DATA / "demo-model.log")
             model = f"scripted-demo-{uuid.uuid4().hex[:6]}"
             script_model(base_url, model, demo_script())
+            # The model server is on this machine: never through an http_proxy the user set.
+            users = os.environ.get("no_proxy") or os.environ.get("NO_PROXY")
+            no_proxy = f"{users},{LOCAL}" if users else LOCAL
             env |= {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "offline"}
+            env |= {"no_proxy": no_proxy, "NO_PROXY": no_proxy}
             console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
         workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
         settings = Settings.from_env(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)

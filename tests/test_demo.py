@@ -233,6 +233,18 @@ async def test_offline_demo_scripts_its_own_model_and_points_the_worker_at_it(fa
     assert "no OPENAI_API_KEY: using the scripted offline model" in fake_demo.text
 
 
+async def test_the_offline_models_worker_never_reaches_it_through_a_proxy(
+    fake_demo: Demo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an http_proxy set, the worker still talks to the local model
+    directly (NO_PROXY, the user's entries kept)."""
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.setenv("no_proxy", "corp.example")
+    assert await fake_demo.run() == 0
+    env = fake_demo.worker_envs[0]
+    assert env["no_proxy"] == env["NO_PROXY"] == "corp.example,127.0.0.1,localhost"
+
+
 async def test_with_a_key_the_demo_uses_the_users_model_and_base_url(
     fake_demo: Demo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
