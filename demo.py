@@ -80,7 +80,10 @@ def script_model(base_url: str, model: str, steps: list[dict[str, Any]]) -> None
     urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5).read()
 
 
-async def run_demo(console: Console) -> int:
+async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
+    """The demo; its exit code, also left in ``outcome[0]`` once known (a
+    Ctrl-C while the servers stay up for the UI ends ``asyncio.run`` with
+    KeyboardInterrupt, not with this return)."""
     # A closed terminal (SIGHUP) or a `kill` (SIGTERM) stops the servers as
     # Ctrl-C does: before, they were left running.
     main_task = asyncio.current_task()
@@ -168,15 +171,16 @@ async def run_demo(console: Console) -> int:
                 f"[dim]or from the CLI: temporal workflow query --address {server.address} "
                 f"--workflow-id {workflow_id} --type messages --codec-endpoint {server.codec.url}[/]"
             )
-        if failure is not None:
-            return 1
+        code = 0 if failure is None else 1
+        if outcome is not None:
+            outcome[0] = code
         if sys.stdin.isatty():
             console.print("[dim]Servers stay up for the UI; press Ctrl-C to stop.[/]")
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 pass
-        return 0
+        return code
     finally:
         for worker in workers:
             stop_process(worker)
@@ -186,10 +190,11 @@ async def run_demo(console: Console) -> int:
 
 def main() -> None:
     console = Console()
+    outcome = [0]  # interrupted before the end: 0, as a Ctrl-C always was
     try:
-        code = asyncio.run(run_demo(console))
+        code = asyncio.run(run_demo(console, outcome))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        code = 0
+        code = outcome[0]
     sys.stdout.flush()
     os._exit(code)  # the SDK can crash at interpreter exit (sdk-python #300)
 

@@ -70,6 +70,23 @@ def _events() -> list[dict[str, Any]]:
     ]
 
 
+def _failed_events() -> list[dict[str, Any]]:
+    """A run whose model call failed for good (a wrong key)."""
+    failed = {
+        "role": "assistant",
+        "content": [],
+        "stopReason": "error",
+        "errorMessage": "model server answered 401: invalid api key",
+    }
+    return [
+        {"type": "agent_start"},
+        {"type": "message_start", "message": {"role": "user", "content": "x"}},
+        {"type": "message_start", "message": {"role": "assistant", "content": []}},
+        {"type": "message_end", "message": failed},
+        {"type": "agent_end"},
+    ]
+
+
 class FakeServer:
     instances: ClassVar[list[FakeServer]] = []
 
@@ -346,16 +363,20 @@ async def test_stops_every_process_when_the_conversation_cannot_start(fake_demo:
     assert fake_demo.server.stopped
 
 
+@pytest.mark.parametrize("failed", [False, True], ids=["answered", "model-failed"])
 async def test_in_a_terminal_keeps_the_servers_up_until_sigterm(
-    fake_demo: Demo, monkeypatch: pytest.MonkeyPatch
+    fake_demo: Demo, monkeypatch: pytest.MonkeyPatch, failed: bool
 ) -> None:
-    """Run in a terminal, the servers stay up for the UI; a SIGTERM then stops them all and exits 0."""
+    """Run in a terminal, the servers stay up for the UI (a failed run's link
+    too); a SIGTERM then stops them all and exits with the demo's code."""
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
 
     monkeypatch.setattr(sys, "stdin", Tty(""))
+    if failed:
+        FakeConversation.events_of = staticmethod(_failed_events)
     task = asyncio.get_running_loop().create_task(fake_demo.run())
     for _ in range(200):
         if "press Ctrl-C to stop" in fake_demo.text:
@@ -365,7 +386,7 @@ async def test_in_a_terminal_keeps_the_servers_up_until_sigterm(
     assert not task.done() and not fake_demo.server.stopped
     assert fake_demo.workers[-1].poll() is None
     os.kill(os.getpid(), signal.SIGTERM)
-    assert await asyncio.wait_for(task, 10) == 0
+    assert await asyncio.wait_for(task, 10) == (1 if failed else 0)
     assert fake_demo.server.stopped
     assert all(p.poll() is not None for p in [*fake_demo.workers, *fake_demo.models])
 
@@ -377,24 +398,29 @@ async def test_not_in_a_terminal_it_ends_without_waiting(fake_demo: Demo) -> Non
 
 
 def test_main_exits_with_the_demos_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process exit code is run_demo's; Ctrl-C (a cancelled run) exits 0."""
+    """The process exit code is run_demo's; Ctrl-C (a cancelled run) exits 0
+    before the end, and with the demo's code once it is known."""
     codes: list[int] = []
 
     def fake_exit(code: int) -> None:
         codes.append(code)
 
-    async def returns_3(console: Console) -> int:
+    async def returns_3(console: Console, outcome: list[int] | None = None) -> int:
         return 3
 
-    async def interrupted(console: Console) -> int:
+    async def interrupted(console: Console, outcome: list[int] | None = None) -> int:
         raise asyncio.CancelledError
 
+    async def failed_then_interrupted(console: Console, outcome: list[int] | None = None) -> int:
+        assert outcome is not None
+        outcome[0] = 1
+        raise KeyboardInterrupt
+
     monkeypatch.setattr(demo.os, "_exit", fake_exit)
-    monkeypatch.setattr(demo, "run_demo", returns_3)
-    demo.main()
-    monkeypatch.setattr(demo, "run_demo", interrupted)
-    demo.main()
-    assert codes == [3, 0]
+    for run in (returns_3, interrupted, failed_then_interrupted):
+        monkeypatch.setattr(demo, "run_demo", run)
+        demo.main()
+    assert codes == [3, 0, 1]
 
 
 def test_the_scripted_answer_is_there_twice_for_the_retried_call() -> None:
@@ -406,8 +432,13 @@ def test_the_scripted_answer_is_there_twice_for_the_retried_call() -> None:
     assert steps[1] == steps[2] and "text" in steps[1] and "text" in steps[3]
 
 
-def test_script_model_queues_the_steps_on_the_model_server() -> None:
-    """The demo scripts its model through the server's control URL (the base URL without /v1)."""
+def test_script_model_queues_the_steps_on_the_model_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo scripts its model through the server's control URL (the base
+    URL without /v1), never through the user's http_proxy."""
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
     with ScriptedModelServer() as server:
         demo.script_model(server.base_url, "scripted-demo-x", [{"text": "a"}, {"text": "b"}])
         assert [step.text for step in server.pending("scripted-demo-x")] == ["a", "b"]
@@ -433,27 +464,14 @@ async def test_stops_the_dev_server_when_the_offline_model_cannot_be_scripted(
 
 
 async def test_exits_non_zero_when_the_model_call_failed(fake_demo: Demo) -> None:
-    """A conversation whose model call failed for good (a wrong key: stopReason "error") is no success: not
-    exit 0."""
-
-    def failing() -> list[dict[str, Any]]:
-        failed = {
-            "role": "assistant",
-            "content": [],
-            "stopReason": "error",
-            "errorMessage": "model server answered 401: invalid api key",
-        }
-        return [
-            {"type": "agent_start"},
-            {"type": "message_start", "message": {"role": "user", "content": "x"}},
-            {"type": "message_start", "message": {"role": "assistant", "content": []}},
-            {"type": "message_end", "message": failed},
-            {"type": "agent_end"},
-        ]
-
-    FakeConversation.events_of = staticmethod(failing)
-    assert await fake_demo.run() != 0
-    assert "401: invalid api key" in fake_demo.text
+    """A conversation whose model call failed for good (a wrong key: stopReason "error") is no success:
+    exit 1, saying why, with the link to see it."""
+    FakeConversation.events_of = staticmethod(_failed_events)
+    assert await fake_demo.run() == 1
+    assert "The demo failed: the model call failed (model server answered 401: invalid api key)" in " ".join(
+        fake_demo.text.split()
+    )
+    assert "See every step in the Temporal UI" in fake_demo.text
 
 
 # ---------------------------------------------------------------- testbed/local_stack.py
