@@ -103,7 +103,7 @@ def test_a_variant_row_is_the_project_row_with_the_settings_given() -> None:
 
 def test_server_requests_are_the_frontends_by_operation() -> None:
     """The bench counts what workers and clients asked of the server: the
-    frontend's requests, summed over namespaces, nothing the server asked itself."""
+    frontend's requests in the bench's namespace, not the server's own system workers'."""
     from bench.peers.measure import parse_server_requests
 
     text = "\n".join(
@@ -111,14 +111,18 @@ def test_server_requests_are_the_frontends_by_operation() -> None:
             "# HELP service_requests service_requests counter",
             "# TYPE service_requests counter",
             'service_requests{namespace="default",operation="QueryWorkflow",service_name="frontend"} 3',
-            'service_requests{namespace="other",operation="QueryWorkflow",service_name="frontend"} 2',
+            'service_requests{namespace="temporal_system",operation="QueryWorkflow",'
+            'service_name="frontend"} 2',
             'service_requests{namespace="default",operation="QueryWorkflow",service_name="history"} 7',
-            'service_requests{namespace="x",operation="PollWorkflowTaskQueue",service_name="frontend"} 4e+01',
+            'service_requests{namespace="default",operation="PollWorkflowTaskQueue",'
+            'service_name="frontend"} 4e+01',
+            'service_requests{namespace="default",operation="QueryWorkflow",service_name="frontend"} 1',
             'service_latency_count{namespace="default",operation="QueryWorkflow",service_name="frontend"} 9',
             'service_requests{namespace="default",service_name="frontend"} 5',
         ]
     )
-    assert parse_server_requests(text) == {"QueryWorkflow": 5, "PollWorkflowTaskQueue": 40}
+    assert parse_server_requests(text) == {"QueryWorkflow": 4, "PollWorkflowTaskQueue": 40}
+    assert parse_server_requests(text, "temporal_system") == {"QueryWorkflow": 2}
 
 
 def test_queries_and_heartbeats_count_as_billed_actions() -> None:
@@ -143,4 +147,5 @@ def test_queries_and_heartbeats_count_as_billed_actions() -> None:
     assert row["actions_per_conversation"] == actions
     assert row["actions_per_turn"] == 1.6  # (10 + 3 + 3) / 10 turns
     assert row["server_requests_per_conversation"]["QueryWorkflow"] == 3
+    assert row["server_requests_all_per_conversation"] == 49  # the median of the totals 47, 49, 61
     assert _summarise("row", [sample], None, [])["actions_per_turn"] == 1.0  # nothing counted: history alone

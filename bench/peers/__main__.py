@@ -164,9 +164,12 @@ async def count_requests(row: Row, key: str, stack: Stack, url: str, rounds: int
     await stack.model_server.script(model, steps(rounds))
     await asyncio.sleep(REQUESTS_SETTLE_S)  # the last measured conversation's requests published
     before = server_requests(url)
-    await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
+    conversation = await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
     await asyncio.sleep(REQUESTS_SETTLE_S)
-    return server_requests(url) - before
+    counts = server_requests(url) - before
+    if conversation.turns != rounds + 1 or await stack.model_server.pending(model):
+        raise RuntimeError(f"{row.name}: {conversation.turns} model calls, expected {rounds + 1}")
+    return counts
 
 
 def _tree_bytes(root: Path | None) -> int | None:
@@ -238,8 +241,8 @@ async def run_rows(
             for _ in range(COUNTED if url else 0):
                 try:
                     requests[key].append(await count_requests(row, key, stack, url or "", rounds))
-                except Exception as err:
-                    errors[key].append(f"{type(err).__name__}: {err}")
+                except Exception as err:  # told apart from the measured conversations' failures
+                    errors[key].append(f"counting the server's requests: {type(err).__name__}: {err}")
     finally:
         for row in rows.values():
             await row.stop()
@@ -329,6 +332,7 @@ def _summarise(
         out["server_requests_per_conversation"] = {
             operation: median(counts[operation] for counts in requests) for operation in operations
         }
+        out["server_requests_all_per_conversation"] = median(sum(counts.values()) for counts in requests)
     stored = [s.stored_bytes / s.conversation.turns for s in samples if s.stored_bytes is not None]
     if stored:
         out["payload_store_bytes_per_turn"] = round(statistics.median(stored))
@@ -403,7 +407,8 @@ def print_server_requests(summary: dict[str, Any]) -> None:
     print(f"  {'operation':34} " + " ".join(f"{row['name'][:14]:>14}" for row in rows))
     for op in operations:
         print(f"  {op:34} " + " ".join(f"{c.get(op, 0):>14g}" for c in counts))
-    print(f"  {'all':34} " + " ".join(f"{sum(c.values()):>14g}" for c in counts))
+    totals = [row["server_requests_all_per_conversation"] for row in rows]
+    print(f"  {'all (median of the totals)':34} " + " ".join(f"{total:>14g}" for total in totals))
 
 
 if __name__ == "__main__":

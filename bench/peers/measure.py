@@ -43,21 +43,23 @@ _REQUESTS = re.compile(r"^service_requests\{([^}]*)\} ([0-9.e+]+)$", re.MULTILIN
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def server_requests(metrics_url: str) -> Counter[str]:
-    """Requests the server's frontend has answered so far, by operation (its
-    ``service_requests`` counter, summed over namespaces): what workers and
-    clients asked of it. Reading them costs the server some CPU, so read
-    them outside a CPU window."""
+def server_requests(metrics_url: str, namespace: str = "default") -> Counter[str]:
+    """Requests the server's frontend has answered so far in ``namespace``,
+    by operation (its ``service_requests`` counter): what workers and
+    clients asked of it, not the server's own system workers (namespace
+    ``temporal_system``, whose polls come in bursts). Reading them costs
+    the server some CPU, so read them outside a CPU window."""
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        return parse_server_requests(response.read().decode())
+        return parse_server_requests(response.read().decode(), namespace)
 
 
-def parse_server_requests(text: str) -> Counter[str]:
+def parse_server_requests(text: str, namespace: str = "default") -> Counter[str]:
     counts: Counter[str] = Counter()
     for labels, value in _REQUESTS.findall(text):
         fields = dict(_LABEL.findall(labels))
-        if fields.get("service_name") == "frontend" and "operation" in fields:
-            counts[fields["operation"]] += int(float(value))
+        if fields.get("service_name") == "frontend" and fields.get("namespace") == namespace:
+            if "operation" in fields:
+                counts[fields["operation"]] += int(float(value))
     return counts
 
 
