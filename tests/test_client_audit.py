@@ -110,8 +110,9 @@ async def test_a_wait_for_idle_the_server_stops_answering_says_ask_again() -> No
         await bare_conversation(fake).wait_for_idle()
 
 
-async def test_wait_for_idle_is_not_noted_as_waiting_for_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A long ``wait_for_idle`` is a run going on, not a request no worker took."""
+def slow_updates(monkeypatch: pytest.MonkeyPatch, answer: Any) -> tuple[Conversation, list[str]]:
+    """A conversation whose updates are answered with ``answer`` after 0.2 s,
+    slow notes due at once; the notes said."""
     monkeypatch.setattr(client, "UPDATE_NOTE_AFTER", 0.0)
     notes: list[str] = []
     monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
@@ -120,27 +121,23 @@ async def test_wait_for_idle_is_not_noted_as_waiting_for_a_worker(monkeypatch: p
 
     async def execute_update(name: str, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.2)
-        return WaitForIdleResult(runs=1)
+        return answer
 
     fake.handle.execute_update = execute_update  # type: ignore[attr-defined]
-    assert (await bare_conversation(fake).wait_for_idle()).runs == 1
+    return bare_conversation(fake), notes
+
+
+async def test_wait_for_idle_is_not_noted_as_waiting_for_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long ``wait_for_idle`` is a run going on, not a request no worker took."""
+    conversation, notes = slow_updates(monkeypatch, WaitForIdleResult(runs=1))
+    assert (await conversation.wait_for_idle()).runs == 1
     assert notes == []
 
 
 async def test_a_slow_update_is_noted_once_saying_it_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request no worker takes is told once, with what happens to it (kept, applied later)."""
-    monkeypatch.setattr(client, "UPDATE_NOTE_AFTER", 0.0)
-    notes: list[str] = []
-    monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
-    fake = FakeClient()
-    fake.handle.describe_as = SimpleNamespace(task_queue="agent")
-
-    async def execute_update(name: str, *args: Any, **kwargs: Any) -> Any:
-        await asyncio.sleep(0.2)
-        return PromptResult(run=1, event_offset=0)
-
-    fake.handle.execute_update = execute_update  # type: ignore[attr-defined]
-    await bare_conversation(fake).send_prompt("hi")
+    conversation, notes = slow_updates(monkeypatch, PromptResult(run=1, event_offset=0))
+    await conversation.send_prompt("hi")
     assert notes == [
         "prompt has waited 0 s for a worker on 'agent': is one running? It is kept and applies when one "
         "takes it (stopping this wait does not withdraw it)."
