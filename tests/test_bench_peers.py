@@ -101,6 +101,22 @@ def test_a_variant_row_is_the_project_row_with_the_settings_given() -> None:
         parse_variant(["AGENT_DIRECT_MODEL_POST"])
 
 
+def test_the_floor_twin_is_the_floor_on_its_own_worker() -> None:
+    """The ``floor-twin`` row measures the floor against itself (the bench's
+    resolution): the same workflow on a worker of its own, on a queue named
+    as long as the floor's, so its histories are the same size."""
+    from bench.peers.__main__ import ROW_KEYS, available_rows
+    from bench.peers.floor.starter import FloorRow
+
+    rows, _ = available_rows()
+    floor, twin = rows["floor"], rows["floor-twin"]
+    assert isinstance(floor, FloorRow) and isinstance(twin, FloorRow)
+    assert twin.task_queue != floor.task_queue
+    assert len(twin.task_queue) == len(floor.task_queue)
+    assert twin.name != floor.name  # told apart in the table
+    assert "floor-twin" in ROW_KEYS
+
+
 def test_server_requests_are_the_frontends_by_operation() -> None:
     """The bench counts what workers and clients asked of the server: the
     frontend's requests in the bench's namespace, not the server's own system workers'."""

@@ -16,8 +16,10 @@ leave no event, counted from the server's requests), the server's requests
 by operation per conversation, and each row against the floor
 round by round (the median of the rounds' ratios: the machine's load moves
 every row of a round alike, so a ratio of one round to the same round's
-floor holds still where each row's own median does not). Prints a table,
-then a JSON summary.
+floor holds still where each row's own median does not). The
+``floor-twin`` row runs the floor again on a worker of its own: its ratios
+are those of identical work, the bench's resolution. Prints a table, then
+a JSON summary.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ COUNTED = 3  # conversations per row whose server requests are counted
 ROW_KEYS = (
     "baseline",
     "floor",
+    "floor-twin",
     "project",
     "project-result",
     "project-local",
@@ -86,6 +89,9 @@ def available_rows(variant: dict[str, str] | None = None) -> tuple[dict[str, Row
     rows: dict[str, Row] = {
         "baseline": BaselineRow(),
         "floor": FloorRow(),
+        # The floor against itself, on its own worker (a queue named as long: the same
+        # history bytes): the spread of its ratios is the bench's resolution.
+        "floor-twin": FloorRow(name="floor, again", task_queue="peers-twin1"),
         "project": ProjectRow(),
         "project-result": ProjectRow(
             name="this project, no subscriber", follow=False, task_queue="peers-project-result"

@@ -18,7 +18,12 @@ TASK_QUEUE = "peers-floor"
 
 @dataclass
 class FloorRow(Row):
+    """``task_queue``: a second floor row on its own queue and worker (the
+    ``floor-twin`` row) measures the floor against itself: the bench's own
+    resolution, round by round."""
+
     name: str = "floor"
+    task_queue: str = TASK_QUEUE
 
     async def start(self, stack: Stack) -> None:
         self.client = await Client.connect(stack.address, data_converter=pydantic_data_converter)
@@ -26,11 +31,12 @@ class FloorRow(Row):
             "--address",
             stack.address,
             "--task-queue",
-            TASK_QUEUE,
+            self.task_queue,
             "--model-base-url",
             stack.model_base_url,
         ]
-        self.workers = [start_worker("bench.peers.floor.worker", args, stack.data / "worker-floor.log")]
+        log = stack.data / f"worker-{self.task_queue}.log"
+        self.workers = [start_worker("bench.peers.floor.worker", args, log)]
 
     async def converse(self, model: str) -> Conversation:
         assert self.client is not None
@@ -39,7 +45,7 @@ class FloorRow(Row):
             "FloorConversation",
             ConversationRequest(model=model, prompt=PROMPT),
             id=f"floor-{uuid.uuid4().hex[:8]}",
-            task_queue=TASK_QUEUE,
+            task_queue=self.task_queue,
             result_type=ConversationResult,
         )
         return await finish(handle, started, handle.id, lambda r: r.turns)
