@@ -8,8 +8,8 @@ recursive walk by the SDK's generated ``PayloadVisitor`` (an ``await`` per
 message and field), the storage pass makes an asyncio task per payload
 sequence, and every pass copies every sequence back into its message even
 when nothing changed: 94 of the 145 samples of the worker's workflow
-activation handling in the benchmark's profile (bench/README.md, sixteenth
-session), for payloads that, in a plain tool round, no pass changes.
+activation handling in the benchmark's profile (bench/README.md, change
+33), for payloads that, in a plain tool round, no pass changes.
 
 Here the tree is walked once, with the SDK's own visitor, to collect each
 payload and payload sequence in traversal order together with the command
