@@ -11,10 +11,12 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.runtime import Runtime
-from temporalio.service import TLSConfig
+from temporalio.service import GrpcCompression, TLSConfig
 
 from runtime.payloads import data_converter
 from runtime.settings import Settings
+
+_COMPRESSIONS = {"gzip": GrpcCompression.GZIP, "none": GrpcCompression.NONE}
 
 
 class ServerUnreachable(Exception):
@@ -47,6 +49,7 @@ async def connect(
             api_key=settings.temporal_api_key,
             runtime=runtime,
             interceptors=interceptors,
+            grpc_compression=_COMPRESSIONS[settings.grpc_compression],
         )
     except RuntimeError as err:
         raise ServerUnreachable(_unreachable(settings, str(err).splitlines()[0])) from None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+GRPC_COMPRESSIONS = ("gzip", "none")
 MAX_STORAGE_THRESHOLD = 1024 * 1024
 """The largest AGENT_STORAGE_THRESHOLD_BYTES: Temporal refuses payloads
 above 2 MB, and a workflow task's commands together above 4 MB; payloads
@@ -69,6 +70,12 @@ class Settings:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     temporal_api_key: str | None = field(default=None, repr=False)
+    grpc_compression: str = "none"
+    """AGENT_GRPC_COMPRESSION: "none" or "gzip" (the SDK's own default), for
+    this process's calls to the Temporal server. None by default: payloads
+    of 2 KB or more are compressed by the codec already, and gzip on every
+    call cost the worker ~5% and the server ~5-9% of their CPU per turn
+    (bench/README.md, change 38)."""
     # The model
     default_model: str = "gpt-4o-mini"
     openai_api_key: str | None = field(default=None, repr=False)
@@ -138,6 +145,7 @@ class Settings:
             tls_key=optional_path("TEMPORAL_TLS_KEY"),
             tls_ca=optional_path("TEMPORAL_TLS_CA"),
             temporal_api_key=text("TEMPORAL_API_KEY"),
+            grpc_compression=(text("AGENT_GRPC_COMPRESSION", "none") or "none").lower(),
             default_model=text("AGENT_MODEL", "gpt-4o-mini") or "",
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
@@ -215,6 +223,10 @@ class Settings:
             raise SettingsError(
                 f"AGENT_MAX_DECOMPRESSED_BYTES={self.max_decompressed_bytes} is below 1 MiB: "
                 "payloads of up to 2 MB must still read."
+            )
+        if self.grpc_compression not in GRPC_COMPRESSIONS:
+            raise SettingsError(
+                f"AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got {self.grpc_compression!r}."
             )
         if self.storage not in ("file", "off") and not self.storage.startswith("s3://"):
             raise SettingsError(

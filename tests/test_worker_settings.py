@@ -16,7 +16,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
+from temporalio.service import GrpcCompression
 
 from activities.llm import LlmActivities
 from runtime.connect import ServerUnreachable, connect
@@ -48,6 +50,7 @@ from worker import build_worker, what_must_match
         ("AGENT_SDK_FALLBACKS", "enabled", "AGENT_SDK_FALLBACKS must be on or off, got 'enabled'."),
         # Found by a README audit: taken, and the worker said ready but never ran an activity.
         ("AGENT_MAX_CONCURRENT_ACTIVITIES", "0", "AGENT_MAX_CONCURRENT_ACTIVITIES must be above 0, got '0'."),
+        ("AGENT_GRPC_COMPRESSION", "zstd", "AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got 'zstd'."),
     ],
 )
 def test_a_setting_no_worker_can_use_is_refused_naming_it(name: str, value: str, message: str) -> None:
@@ -186,6 +189,22 @@ async def test_tls_to_a_server_without_it_says_which_setting_turned_it_on(dev_se
     assert "answers in plain TCP, not TLS, and TLS is on because TEMPORAL_API_KEY" in str(refused.value)
 
 
+@pytest.mark.parametrize("value", ["gzip", "GZIP", "none"])
+async def test_the_clients_grpc_compression_is_agent_grpc_compression(
+    dev_server: DevServer, value: str
+) -> None:
+    """Calls to the server go uncompressed unless AGENT_GRPC_COMPRESSION=gzip
+    (the SDK's own default, which gzips every call); either way the server
+    answers."""
+    settings = Settings.from_env({"AGENT_GRPC_COMPRESSION": value}, address=dev_server.address)
+    client = await connect(settings)
+    assert client.service_client.config.grpc_compression == (
+        GrpcCompression.GZIP if value.lower() == "gzip" else GrpcCompression.NONE
+    )
+    info = await client.workflow_service.get_system_info(GetSystemInfoRequest())
+    assert info.server_version
+
+
 def test_a_worker_logs_what_every_worker_on_its_queue_must_share() -> None:
     """A worker with another key, store or tool set fails conversations
     that start on it (a deploy audit): its log says what it has, key ids
@@ -304,6 +323,7 @@ def defaults(tmp_path: Path) -> Settings:
         ("AGENT_METRICS_PORT", "metrics_port", None),
         ("AGENT_METRICS_HOST", "metrics_host", "127.0.0.1"),
         ("LOG_LEVEL", "log_level", "INFO"),
+        ("AGENT_GRPC_COMPRESSION", "grpc_compression", "none"),
     ],
 )
 def test_an_unset_variable_takes_the_default_the_readme_documents(
