@@ -16,7 +16,9 @@ setting, so the row shows what that change is worth:
 - ``stock payload passes``: ``AGENT_PAYLOAD_WALK=off`` (each workflow task's
   payloads walked in the SDK's three passes per direction);
 - ``model call through client.post``: ``AGENT_DIRECT_MODEL_POST=off`` (the
-  ``openai`` client builds each request and decodes the stream itself).
+  ``openai`` client builds each request and decodes the stream itself);
+- ``gzipped calls``: ``AGENT_GRPC_COMPRESSION=gzip`` (the worker's calls to
+  the server gzipped, the SDK's default).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "stock sandbox": {"AGENT_SANDBOX_PRECOMPILE": "off"},
     "stock payload passes": {"AGENT_PAYLOAD_WALK": "off"},
     "model call through client.post": {"AGENT_DIRECT_MODEL_POST": "off"},
+    "gzipped calls": {"AGENT_GRPC_COMPRESSION": "gzip"},
 }
 ROUNDS = (5, 20)
 
