@@ -74,7 +74,7 @@ class Settings:
     """AGENT_GRPC_COMPRESSION: "none" or "gzip" (the SDK's own default), for
     this process's calls to the Temporal server. None by default: payloads
     of 2 KB or more are compressed by the codec already, and gzip on every
-    call cost the worker ~5% and the server ~5-9% of their CPU per turn
+    call cost ~2-6% of the worker's CPU and ~3-9% of the server's per turn
     (bench/README.md, change 38)."""
     # The model
     default_model: str = "gpt-4o-mini"
