@@ -14,13 +14,24 @@ from temporalio.runtime import Runtime
 from temporalio.service import GrpcCompression, TLSConfig
 
 from runtime.payloads import data_converter
-from runtime.settings import Settings
+from runtime.settings import Settings, SettingsError
 
 _COMPRESSIONS = {"gzip": GrpcCompression.GZIP, "none": GrpcCompression.NONE}
 
 
 class ServerUnreachable(Exception):
     """The Temporal server could not be reached (the message says what to do)."""
+
+
+def _grpc_compression(settings: Settings) -> GrpcCompression:
+    """AGENT_GRPC_COMPRESSION as the SDK takes it (settings built without
+    ``from_env`` are checked here too)."""
+    compression = _COMPRESSIONS.get(settings.grpc_compression.lower())
+    if compression is None:
+        raise SettingsError(
+            f"AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got {settings.grpc_compression!r}."
+        )
+    return compression
 
 
 def tls_config(settings: Settings) -> TLSConfig | bool:
@@ -49,7 +60,7 @@ async def connect(
             api_key=settings.temporal_api_key,
             runtime=runtime,
             interceptors=interceptors,
-            grpc_compression=_COMPRESSIONS[settings.grpc_compression],
+            grpc_compression=_grpc_compression(settings),
         )
     except RuntimeError as err:
         raise ServerUnreachable(_unreachable(settings, str(err).splitlines()[0])) from None

@@ -74,7 +74,7 @@ class Settings:
     """AGENT_GRPC_COMPRESSION: "none" or "gzip" (the SDK's own default), for
     this process's calls to the Temporal server. None by default: payloads
     of 2 KB or more are compressed by the codec already, and gzip on every
-    call cost ~2-6% of the worker's CPU and ~3-9% of the server's per turn
+    call cost ~1.5-6% of the worker's CPU and ~3-10% of the server's per turn
     (bench/README.md, change 38)."""
     # The model
     default_model: str = "gpt-4o-mini"
@@ -145,7 +145,7 @@ class Settings:
             tls_key=optional_path("TEMPORAL_TLS_KEY"),
             tls_ca=optional_path("TEMPORAL_TLS_CA"),
             temporal_api_key=text("TEMPORAL_API_KEY"),
-            grpc_compression=(text("AGENT_GRPC_COMPRESSION", "none") or "none").lower(),
+            grpc_compression=text("AGENT_GRPC_COMPRESSION", "none") or "none",
             default_model=text("AGENT_MODEL", "gpt-4o-mini") or "",
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
@@ -224,7 +224,7 @@ class Settings:
                 f"AGENT_MAX_DECOMPRESSED_BYTES={self.max_decompressed_bytes} is below 1 MiB: "
                 "payloads of up to 2 MB must still read."
             )
-        if self.grpc_compression not in GRPC_COMPRESSIONS:
+        if self.grpc_compression.lower() not in GRPC_COMPRESSIONS:
             raise SettingsError(
                 f"AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got {self.grpc_compression!r}."
             )

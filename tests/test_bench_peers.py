@@ -4,6 +4,7 @@ test: ``python -m bench.peers``."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -114,6 +115,7 @@ def test_the_floor_twin_is_the_floor_on_its_own_worker() -> None:
     assert twin.task_queue != floor.task_queue
     assert len(twin.task_queue) == len(floor.task_queue)
     assert twin.name != floor.name  # told apart in the table
+    assert dataclasses.replace(twin, name=floor.name, task_queue=floor.task_queue) == floor  # nothing else
     assert "floor-twin" in ROW_KEYS
 
 

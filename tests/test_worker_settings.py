@@ -205,6 +205,13 @@ async def test_the_clients_grpc_compression_is_agent_grpc_compression(
     assert info.server_version
 
 
+async def test_a_compression_set_without_from_env_is_refused_naming_the_setting() -> None:
+    """Settings built directly skip ``check``: the connection still names
+    the setting instead of raising a KeyError."""
+    with pytest.raises(SettingsError, match="AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got 'Zstd'"):
+        await connect(Settings(grpc_compression="Zstd"))
+
+
 def test_a_worker_logs_what_every_worker_on_its_queue_must_share() -> None:
     """A worker with another key, store or tool set fails conversations
     that start on it (a deploy audit): its log says what it has, key ids

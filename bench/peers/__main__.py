@@ -89,8 +89,9 @@ def available_rows(variant: dict[str, str] | None = None) -> tuple[dict[str, Row
     rows: dict[str, Row] = {
         "baseline": BaselineRow(),
         "floor": FloorRow(),
-        # The floor against itself, on its own worker (a queue named as long: the same
-        # history bytes): the spread of its ratios is the bench's resolution.
+        # The floor against itself, on its own worker (a queue named as long: histories
+        # of the same size, to within a few bytes): the spread of its ratios is the
+        # bench's resolution.
         "floor-twin": FloorRow(name="floor, again", task_queue="peers-twin1"),
         "project": ProjectRow(),
         "project-result": ProjectRow(
