@@ -14,24 +14,13 @@ from temporalio.runtime import Runtime
 from temporalio.service import GrpcCompression, TLSConfig
 
 from runtime.payloads import data_converter
-from runtime.settings import Settings, SettingsError
+from runtime.settings import Settings, grpc_compression_name
 
 _COMPRESSIONS = {"gzip": GrpcCompression.GZIP, "none": GrpcCompression.NONE}
 
 
 class ServerUnreachable(Exception):
     """The Temporal server could not be reached (the message says what to do)."""
-
-
-def _grpc_compression(settings: Settings) -> GrpcCompression:
-    """AGENT_GRPC_COMPRESSION as the SDK takes it (settings built without
-    ``from_env`` are checked here too)."""
-    compression = _COMPRESSIONS.get(settings.grpc_compression.lower())
-    if compression is None:
-        raise SettingsError(
-            f"AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got {settings.grpc_compression!r}."
-        )
-    return compression
 
 
 def tls_config(settings: Settings) -> TLSConfig | bool:
@@ -60,7 +49,8 @@ async def connect(
             api_key=settings.temporal_api_key,
             runtime=runtime,
             interceptors=interceptors,
-            grpc_compression=_grpc_compression(settings),
+            # Checked here too: Settings built without from_env skip check().
+            grpc_compression=_COMPRESSIONS[grpc_compression_name(settings.grpc_compression)],
         )
     except RuntimeError as err:
         raise ServerUnreachable(_unreachable(settings, str(err).splitlines()[0])) from None

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 GRPC_COMPRESSIONS = ("gzip", "none")
+
+
 MAX_STORAGE_THRESHOLD = 1024 * 1024
 """The largest AGENT_STORAGE_THRESHOLD_BYTES: Temporal refuses payloads
 above 2 MB, and a workflow task's commands together above 4 MB; payloads
@@ -29,6 +31,15 @@ up to half of one leave room for the rest of a model call's input."""
 
 class SettingsError(ValueError):
     """A setting has a value that cannot be used (the message names it)."""
+
+
+def grpc_compression_name(value: str) -> str:
+    """AGENT_GRPC_COMPRESSION's value as one of ``GRPC_COMPRESSIONS``, or a
+    ``SettingsError`` naming the setting and the value as written."""
+    name = value.lower()
+    if name not in GRPC_COMPRESSIONS:
+        raise SettingsError(f"AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got {value!r}.")
+    return name
 
 
 # A compressed payload may expand to at most this many bytes when read: a
@@ -224,10 +235,7 @@ class Settings:
                 f"AGENT_MAX_DECOMPRESSED_BYTES={self.max_decompressed_bytes} is below 1 MiB: "
                 "payloads of up to 2 MB must still read."
             )
-        if self.grpc_compression.lower() not in GRPC_COMPRESSIONS:
-            raise SettingsError(
-                f"AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got {self.grpc_compression!r}."
-            )
+        grpc_compression_name(self.grpc_compression)
         if self.storage not in ("file", "off") and not self.storage.startswith("s3://"):
             raise SettingsError(
                 f"AGENT_STORAGE must be 'file', 'off' or 's3://bucket/prefix', got {self.storage!r}."
