@@ -21,9 +21,11 @@ def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
     return {"id": call_id, "name": name, "arguments": arguments}
 
 
-async def running_a_slow_tool(stack: Stack) -> tuple[WorkflowHandle[Any, Any], EventLog]:
-    """A conversation whose run is busy with a one-second tool call, and its event log."""
-    stack.script({"tool_calls": [call("s1", "slow", seconds=1.0)]}, {"text": "done"})
+async def running_a_slow_tool(
+    stack: Stack, seconds: float = 1.0
+) -> tuple[WorkflowHandle[Any, Any], EventLog]:
+    """A conversation whose run is busy with a tool call of ``seconds``, and its event log."""
+    stack.script({"tool_calls": [call("s1", "slow", seconds=seconds)]}, {"text": "done"})
     handle = await stack.start(prompt="work")
     log = EventLog(stack.client, handle.id)
     await log.wait_for_type("tool_execution_start")
