@@ -99,6 +99,7 @@ async def main(runs: int) -> dict[str, Any]:
             stop_process(worker)
         server.stop()
         dev.stop()
+        bench.prune_old_payload_stores()
     out: dict[str, Any] = {
         "baseline_ms_per_turn": {f"K={k}": round(statistics.median(base[k]), 2) for k in ROUNDS}
     }

@@ -35,7 +35,7 @@ import activities.builtin_tools  # noqa: F401  (the same tools, in-process)
 from activities.model_http import ChatPoster
 from activities.openai_chat import StreamAssembler, to_openai_messages
 from activities.tools import registered_tools
-from bench.peers.measure import own_cpu_ms, process_cpu_ms
+from bench.peers.measure import own_cpu_ms, process_cpu_ms, tree_bytes
 from client import Conversation
 from runtime.connect import connect
 from runtime.settings import Settings
@@ -439,13 +439,49 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+OLD_STORES = DATA / "old-payloads"
+OLD_STORES_LIMIT = 1 << 30  # bytes kept aside before the oldest go
+
+
 def fresh_payload_store() -> None:
-    """Empty the benchmark's payload store. Every benchmark starts an
-    in-memory dev server, so what earlier runs stored is unreachable; kept,
-    it grew by thousands of files a run, and ``bench.peers`` walks the store
-    before and after each conversation to count what it wrote (seconds per
-    conversation once it held ~30,000 files)."""
-    shutil.rmtree(DATA / "payloads", ignore_errors=True)
+    """Start the benchmark's payload store empty, without deleting anything.
+
+    Every benchmark starts an in-memory dev server, so what earlier runs
+    stored is unreachable; kept in place, it grew by thousands of files a
+    run, and ``bench.peers`` walks the store before and after each
+    conversation to count what it wrote (seconds per conversation once it
+    held ~30,000 files). So the old store is renamed aside, into
+    ``OLD_STORES``, and deleted by ``prune_old_payload_stores`` at the end
+    of a run, after the measurements.
+
+    Not deleted here, because a bulk delete slows down every file the
+    worker then creates: on ext4 without a journal (this machine's
+    root filesystem) the kernel will not reuse an inode deleted in the last
+    one to six minutes, and each new file scans past every such inode
+    (``recently_deleted`` in ``fs/ext4/ialloc.c``). Deleting the last run's
+    ~2,000 files at the start took ~10% more worker CPU per turn in the
+    first minutes (bench/README.md, change 39). A worker in service never
+    deletes its store."""
+    store = DATA / "payloads"
+    if store.exists():
+        OLD_STORES.mkdir(parents=True, exist_ok=True)
+        store.rename(OLD_STORES / f"{time.time_ns()}")
+
+
+def prune_old_payload_stores(limit: int = OLD_STORES_LIMIT) -> None:
+    """Delete the oldest stores set aside until what is left is under
+    ``limit`` bytes. Called after a run's measurements: most runs delete
+    nothing, so the next run's first minutes rarely pay for a delete."""
+    if not OLD_STORES.exists():
+        return
+    stores = sorted(OLD_STORES.iterdir(), key=lambda path: path.name)
+    sizes = {store: tree_bytes(store) for store in stores}
+    total = sum(sizes.values())
+    for store in stores:
+        if total <= limit:
+            break
+        shutil.rmtree(store, ignore_errors=True)
+        total -= sizes[store]
 
 
 def stack_env(dev: DevServer, server: ScriptedModelServer) -> dict[str, str]:
@@ -491,6 +527,7 @@ async def main(runs: int, n: int, idle: int = 1000) -> dict[str, Any]:
         stop_process(worker)
         server.stop()
         dev.stop()
+        prune_old_payload_stores()
 
 
 def print_table(summary: dict[str, Any]) -> None:

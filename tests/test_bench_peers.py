@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,34 @@ def test_queries_and_heartbeats_count_as_billed_actions() -> None:
     assert row["server_requests_per_conversation"]["QueryWorkflow"] == 3
     assert row["server_requests_all_per_conversation"] == 49  # the median of the totals 47, 49, 61
     assert _summarise("row", [sample], None, [])["actions_per_turn"] == 1.0  # nothing counted: history alone
+
+
+def test_a_run_sets_the_last_store_aside_and_deletes_only_past_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is deleted as a run starts (a bulk delete slows every file the
+    worker creates next, on ext4 without a journal); the stores set aside go,
+    oldest first, once a run has measured and they pass the limit."""
+    import bench.run as run
+
+    data = tmp_path / "bench"
+    monkeypatch.setattr(run, "DATA", data)
+    monkeypatch.setattr(run, "OLD_STORES", data / "old-payloads")
+    sizes = [3000, 2000, 1000]
+    for size in sizes:
+        store = data / "payloads"
+        (store / "ab").mkdir(parents=True)
+        (store / "ab" / "blob").write_bytes(b"x" * size)
+        run.fresh_payload_store()
+        assert not store.exists()
+    aside = sorted(run.OLD_STORES.iterdir())
+    assert [run.tree_bytes(path) for path in aside] == sizes  # all kept, in the order set aside
+
+    run.prune_old_payload_stores(limit=6000)
+    assert sorted(run.OLD_STORES.iterdir()) == aside
+    run.prune_old_payload_stores(limit=3500)  # the oldest goes: 3000 bytes are left
+    assert sorted(run.OLD_STORES.iterdir()) == aside[1:]
+    run.prune_old_payload_stores(limit=1500)  # the next goes: 1000 bytes are left
+    assert sorted(run.OLD_STORES.iterdir()) == aside[2:]
+    run.fresh_payload_store()  # no store to set aside: nothing happens
+    assert sorted(run.OLD_STORES.iterdir()) == aside[2:]

@@ -45,6 +45,7 @@ from bench.peers.measure import (
     fetch_history,
     server_actions,
     server_requests,
+    tree_bytes,
 )
 from bench.peers.rows import Conversation, Row, ScriptedModel, Stack
 from bench.peers.scenario import steps
@@ -136,11 +137,11 @@ def available_rows(variant: dict[str, str] | None = None) -> tuple[dict[str, Row
 async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int, run: int) -> Sample:
     model = f"{key}-{uuid.uuid4().hex[:8]}"
     await stack.model_server.script(model, steps(rounds))
-    stored_before = _tree_bytes(row.payload_store)
+    stored_before = None if row.payload_store is None else tree_bytes(row.payload_store)
     before = meter.read()
     conversation = await asyncio.wait_for(row.converse(model), CONVERSATION_TIMEOUT_S)
     after = meter.read()
-    stored_after = _tree_bytes(row.payload_store)
+    stored_after = None if row.payload_store is None else tree_bytes(row.payload_store)
     if conversation.turns != rounds + 1 or await stack.model_server.pending(model):
         raise RuntimeError(f"{row.name}: {conversation.turns} model calls, expected {rounds + 1}")
     history = None
@@ -179,18 +180,13 @@ async def count_requests(row: Row, key: str, stack: Stack, url: str, rounds: int
     return counts
 
 
-def _tree_bytes(root: Path | None) -> int | None:
-    if root is None:
-        return None
-    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root.exists() else 0
-
-
 async def main(
     runs: int, rounds: int, keys: list[str], variant: dict[str, str] | None = None
 ) -> dict[str, Any]:
     started = time.monotonic()
     DATA.mkdir(parents=True, exist_ok=True)
-    from bench.run import fresh_payload_store  # imports the project, as this project's row does
+    # bench.run imports the project, as this project's row does
+    from bench.run import fresh_payload_store, prune_old_payload_stores
 
     fresh_payload_store()
     rows, missing = available_rows(variant)
@@ -204,6 +200,7 @@ async def main(
             await model_server.stop()
     finally:
         dev.stop()
+        prune_old_payload_stores()
     summary: dict[str, Any] = {"rounds": rounds, "runs": runs, "rows": {}}
     base = samples.get("baseline")
     base_ms = statistics.median(_ms_per_turn(s) for s in base) if base else None

@@ -10,6 +10,7 @@ import resource
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -67,6 +68,11 @@ def server_actions(requests: Counter[str]) -> Counter[str]:
     """The billed actions that leave no event (``SERVER_ACTIONS``), from a
     conversation's server requests (``server_requests``)."""
     return Counter({kind: sum(requests[op] for op in ops) for kind, ops in SERVER_ACTIONS.items()})
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of the files under ``root`` (0 if it does not exist)."""
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root.exists() else 0
 
 
 def process_cpu_ms(pid: int) -> float:
