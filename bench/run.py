@@ -41,7 +41,7 @@ from runtime.connect import connect
 from runtime.settings import Settings
 from testbed.local_stack import DevServer, start_worker, stop_process
 from testbed.scripted_model import ScriptedModelServer
-from workflows.models import AgentMessage, TextContent, ToolResultMessage, UserMessage
+from workflows.models import AgentMessage, AssistantMessage, TextContent, ToolResultMessage, UserMessage
 
 DATA = Path(".agent-data/bench")
 TASK_QUEUE = "bench"
@@ -303,7 +303,8 @@ async def concurrency(
             result = await conversation.result()
         except Exception:
             return False, time.monotonic() - started, 0
-        ok = result.messages[-1].role == "assistant" and result.messages[-1].stop_reason == "stop"
+        last = result.messages[-1]
+        ok = isinstance(last, AssistantMessage) and last.stop_reason == "stop"
         return ok, time.monotonic() - started, rounds + 1
 
     started = time.monotonic()

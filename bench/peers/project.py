@@ -62,6 +62,7 @@ class ProjectRow(Row):
 
     async def converse(self, model: str) -> Conversation:
         assert self.client is not None
+        client = self.client  # narrowed, for the reader below
         workflow_id = f"project-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         handle = await start_conversation(
@@ -72,7 +73,7 @@ class ProjectRow(Row):
         )
 
         async def read_to_end() -> None:
-            async for _offset, event in follow(self.client, workflow_id):
+            async for _offset, event in follow(client, workflow_id):
                 if event["type"] == "agent_end":
                     break
 

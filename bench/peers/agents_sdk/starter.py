@@ -39,6 +39,7 @@ class AgentsSdkRow(Row):
 
     async def converse(self, model: str) -> Conversation:
         assert self.client is not None
+        client = self.client  # narrowed, for the reader below
         started = time.monotonic()
         handle = await self.client.start_workflow(
             "AgentsSdkConversation",
@@ -52,7 +53,7 @@ class AgentsSdkRow(Row):
             # subscribe() is an async generator (typed as an iterator): close it when done.
             events = cast(
                 AsyncGenerator[WorkflowStreamItem[Any], None],
-                WorkflowStreamClient.create(self.client, handle.id).subscribe([EVENTS_TOPIC]),
+                WorkflowStreamClient.create(client, handle.id).subscribe([EVENTS_TOPIC]),
             )
             async with aclosing(events):
                 async for item in events:

@@ -35,6 +35,7 @@ class PydanticAiRow(Row):
 
     async def converse(self, model: str) -> Conversation:
         assert self.client is not None
+        client = self.client  # narrowed, for the reader below
         started = time.monotonic()
         handle = await self.client.start_workflow(
             "PydanticAiStreamedConversation" if self.stream else "PydanticAiConversation",
@@ -45,7 +46,7 @@ class PydanticAiRow(Row):
         )
 
         async def read_to_end() -> None:
-            async with stream_agent_events(self.client, handle, EVENTS_TOPIC) as events:
+            async with stream_agent_events(client, handle, EVENTS_TOPIC) as events:
                 async for event in events:
                     if isinstance(event, AgentRunResultEvent):
                         break
