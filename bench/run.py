@@ -460,9 +460,9 @@ def fresh_payload_store() -> None:
     root filesystem) the kernel will not reuse an inode deleted in the last
     one to six minutes, and each new file scans past every such inode
     (``recently_deleted`` in ``fs/ext4/ialloc.c``). Deleting the last run's
-    ~2,000 files at the start took ~10% more worker CPU per turn in the
-    first minutes (bench/README.md, change 39). A worker in service never
-    deletes its store."""
+    ~1,000-2,000 files at the start cost the project's worker 5-10% more
+    CPU per turn in a run that followed (bench/README.md, change 39). A
+    worker in service never deletes its store."""
     store = DATA / "payloads"
     if store.exists():
         OLD_STORES.mkdir(parents=True, exist_ok=True)
