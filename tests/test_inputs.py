@@ -81,6 +81,12 @@ def test_a_handler_that_takes_no_argument_refuses_one() -> None:
     with pytest.raises(InputError, match=r"`reset` takes no argument; it got 1\."):
         no_arguments(("x",), "reset")
     no_arguments((), "reset")
+    # A lone null is "nothing" as a client passes it (the CLI's --input null).
+    no_arguments((None,), "reset")
+    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 2\."):
+        no_arguments((None, None), "reset")
+    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 1\."):
+        no_arguments((0,), "reset")
 
 
 def test_an_optional_argument_given_is_taken() -> None:

@@ -137,6 +137,23 @@ async def test_updates_with_wrong_arguments_are_refused_with_a_sentence(
     await handle.signal("close")
 
 
+async def test_updates_that_take_nothing_take_a_lone_null(stack: Stack) -> None:
+    """What a client sends when it passes "nothing" as the argument (the CLI's
+    ``--input null``, ``execute_update("reset", None)``) is no argument."""
+    handle = await stack.start()
+    stack.script({"text": "first"})
+    await handle.execute_update("prompt", "hi")
+    idle = await handle.execute_update("wait_for_idle", None)
+    assert idle["runs"] == 1 and idle["messages"][-1]["content"][0]["text"] == "first"
+    with pytest.raises(WorkflowUpdateFailedError) as refused:  # for its transcript, not the null
+        await handle.execute_update("continue", None)
+    assert "takes no argument" not in str(getattr(refused.value.cause, "message", refused.value.cause))
+    cleared = await handle.execute_update("reset", None)
+    assert cleared["messageCount"] == 0 and cleared["runs"] == 0
+    await still_answers(stack, handle, "again")
+    await handle.signal("close")
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

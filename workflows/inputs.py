@@ -76,7 +76,10 @@ def single_argument(args: tuple[Any, ...], what: str, *, optional: bool = False)
 
 
 def no_arguments(args: tuple[Any, ...], what: str) -> None:
-    if args:
+    """Refuses any argument but a lone ``null``, which is what a client sends
+    when it passes "nothing" as the one argument (the CLI's ``--input null``,
+    the Python SDK's ``execute_update("reset", None)``)."""
+    if args and args != (None,):
         raise InputError(f"`{what}` takes no argument; it got {len(args)}.")
 
 
