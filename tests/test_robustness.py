@@ -122,6 +122,12 @@ async def test_signals_with_no_argument_or_two_are_dropped(stack: Stack) -> None
         ("reset", [1], "takes no argument"),
         ("wait_for_idle", [1, 2], "takes no argument"),
         ("approve_tool", [{"toolCallId": "nope", "approved": True}], "No tool call"),
+        (
+            "approve_tool",
+            [None],
+            'approve_tool takes an object, {"toolCallId": "...", "approved": true or false}, not null.',
+        ),
+        ("approve_tool", ["call_1"], "not a string."),
         ("configure", [raw_json('{"approvalTimeoutSeconds": 1e300}')], "approvalTimeoutSeconds"),
         ("__temporal_workflow_stream_poll", [None], "A stream poll takes a PollInput object"),
     ],

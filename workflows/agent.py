@@ -883,6 +883,11 @@ class AgentWorkflow:
         # decision accepted before stays accepted): this is a safety gate, and
         # "approved": "yes" or a misspelt key must not be read as a decision.
         payload = args[0] if len(args) == 1 else None
+        if len(args) == 1 and not isinstance(payload, dict):
+            raise InputError(
+                'approve_tool takes an object, {"toolCallId": "...", "approved": true or false}, '
+                f"not {json_type(payload)}."
+            )
         if isinstance(payload, dict):
             known = {name for field in ApprovalRequest.model_fields for name in (field, to_camel(field))}
             unknown = sorted(str(key) for key in payload if key not in known)
