@@ -71,7 +71,7 @@ from workflows.contract import (
     item_payload,
     start_input_problem,
 )
-from workflows.inputs import InputError, clean_json, prompt_messages, validation_text
+from workflows.inputs import InputError, clean_json, prompt_message, prompt_messages, validation_text
 from workflows.models import EVENTS_TOPIC, AgentMessage, AssistantMessage, MessageList, ToolResultMessage
 
 # The client, and the contract's models its methods take and return.
@@ -542,14 +542,16 @@ class Conversation:
     async def steer(self, message: Message) -> None:
         """Inject a message after the current tool batch, before the next model
         call (starts a run when the conversation is idle)."""
+        wire = _signal_message(message)
         async with self._refusals():
-            await self.handle.signal("steer", _wire(message))
+            await self.handle.signal("steer", wire)
 
     async def follow_up(self, message: Message) -> None:
         """Queue a message for when the agent would otherwise stop (starts a
         run when the conversation is idle)."""
+        wire = _signal_message(message)
         async with self._refusals():
-            await self.handle.signal("follow_up", _wire(message))
+            await self.handle.signal("follow_up", wire)
 
     async def abort(self) -> None:
         """Abort the active run (the model call, running tools, approval waits)."""
@@ -943,6 +945,19 @@ def _check_fork_point(messages: list[AgentMessage], at: int) -> None:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+def _signal_message(message: Message) -> Any:
+    """A steer or follow-up as sent, checked here as the workflow reads it:
+    a signal cannot refuse, so the workflow drops one it cannot read (an
+    empty text, say) with only a line in the worker's log. ``Refused`` with
+    that line's sentence instead."""
+    wire = _wire(message)
+    try:
+        prompt_message(clean_json(to_jsonable_python(wire)), lambda: 0)
+    except InputError as err:
+        raise Refused(str(err)) from None
+    return wire
 
 
 def _wire(message: Message | list[Message]) -> Any:

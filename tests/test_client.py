@@ -176,6 +176,31 @@ async def queue_during_a_tool(stack: Stack, chat: Conversation, *sends: tuple[st
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.parametrize("queue", ["steering", "followUp"])
+@pytest.mark.parametrize(
+    ("message", "sentence"),
+    [
+        ("   ", r"^The message text is empty: send some text\.$"),
+        ({"role": "assistant", "content": []}, r"^A message with role `assistant` cannot be sent"),
+        ({"role": "user", "content": []}, r"^The message has no content"),
+    ],
+)
+async def test_a_steer_or_follow_up_the_workflow_would_drop_is_refused_here(
+    stack: Stack, queue: str, message: Any, sentence: str
+) -> None:
+    """A signal cannot refuse: the workflow drops a message it cannot read
+    with a line in the worker's log. The client says so instead of "sent"."""
+    chat = await stack.conversation()
+    send = chat.steer if queue == "steering" else chat.follow_up
+    with pytest.raises(Refused, match=sentence):
+        await send(message)
+    stack.script({"text": "queued"})
+    await send("a real one")  # the same call with a readable message is sent, and starts a run
+    await chat.wait_for_idle()
+    texts = [m.content for m in await chat.messages() if isinstance(m, UserMessage)]
+    assert texts == ["a real one"]
+
+
 async def test_clear_queues_returns_the_removed_messages_oldest_first(stack: Stack) -> None:
     stack.script(slow_tool(5), {"text": "nothing was injected"})
     chat = await stack.conversation()
