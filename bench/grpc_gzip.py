@@ -25,15 +25,10 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.service import GrpcCompression
 
+from bench.peers.measure import process_cpu_ms
 from testbed.local_stack import DevServer
 
 DATA = Path(".agent-data/bench")
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
 
 
 async def main(blocks: int, signals: int, fetches: int) -> dict[str, dict[str, list[float]]]:
@@ -54,15 +49,15 @@ async def main(blocks: int, signals: int, fetches: int) -> dict[str, dict[str, l
                 handle = await client.start_workflow(
                     "NoWorkerRunsThis", id=f"gzip-{uuid.uuid4().hex[:8]}", task_queue="bench-no-worker"
                 )
-                before = _cpu_seconds(pid)
+                before = process_cpu_ms(pid)
                 for _ in range(signals):
                     await handle.signal("s", body)
-                signalled = _cpu_seconds(pid)
+                signalled = process_cpu_ms(pid)
                 for _ in range(fetches):
                     await handle.fetch_history()
-                fetched = _cpu_seconds(pid)
-                figures[name]["signal"].append((signalled - before) / signals * 1000)
-                figures[name]["history"].append((fetched - signalled) / fetches * 1000)
+                fetched = process_cpu_ms(pid)
+                figures[name]["signal"].append((signalled - before) / signals)
+                figures[name]["history"].append((fetched - signalled) / fetches)
                 await handle.terminate()
         return figures
     finally:

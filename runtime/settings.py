@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 GRPC_COMPRESSIONS = ("gzip", "none")
-
-
 MAX_STORAGE_THRESHOLD = 1024 * 1024
 """The largest AGENT_STORAGE_THRESHOLD_BYTES: Temporal refuses payloads
 above 2 MB, and a workflow task's commands together above 4 MB; payloads
