@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     ).add_argument("id")
     fork = commands.add_parser("fork", help="a new conversation from the first N messages; print its id")
     fork.add_argument("id")
-    fork.add_argument("--at", type=int, required=True, metavar="N", help="messages to keep")
+    fork.add_argument("--at", type=_kept, required=True, metavar="N", help="messages to keep")
     fork.add_argument("--id", dest="new_id", metavar="NEW", help="the new conversation's id")
     listing = commands.add_parser(
         "list", help="the conversations: running ones newest first, then ended ones by when they ended"
@@ -501,6 +501,7 @@ def _whole(what: str, least: int) -> Callable[[str], int]:
 
 
 _offset = _whole("an offset", 0)  # an event offset
+_kept = _whole("a number of messages to keep", 0)  # fork --at: refused before connecting
 # 0 turns or tokens would be refused by the conversation; a listing of 0 would show nothing.
 _count = _whole("a count", 1)
 

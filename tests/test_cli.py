@@ -140,6 +140,16 @@ def test_fork_without_at_is_refused_by_the_parser(capsys: pytest.CaptureFixture[
     assert "--at" in capsys.readouterr().err
 
 
+def test_fork_at_a_negative_count_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any connection is made, in a sentence (it used to
+    connect first and only the client refused it)."""
+    with pytest.raises(SystemExit) as raised:
+        parse("fork", "c1", "--at", "-1")
+    assert raised.value.code == 2
+    assert "a number of messages to keep is 0 or more, not -1" in capsys.readouterr().err
+    assert parse("fork", "c1", "--at", "0").at == 0
+
+
 def test_watch_refuses_an_offset_that_is_not_a_number_in_a_sentence(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
