@@ -131,7 +131,9 @@ def build_worker(
             transform_context=transform_context,
             convert_to_llm=convert_to_llm,
             read_timeout=settings.llm_read_timeout,
-            context_store=ContextStore(blobs) if blobs else None,
+            context_store=(
+                ContextStore(blobs, cache_bytes=settings.context_cache_mb * 1024 * 1024) if blobs else None
+            ),
             tools=tools,
             secrets=settings.known_secrets(),
             direct_post=settings.direct_model_post and not settings.sdk_fallbacks,

@@ -33,6 +33,12 @@ from activities.blobs import BlobMissing, BlobStore, checked_digest, digest_of
 from workflows.models import AgentMessage, MessageAdapter
 
 _MESSAGES = TypeAdapter(list[Any])
+# What the cache keeps parsed, counted as stored (JSON). Parsed messages take
+# 1.5-2.5x that in memory (measured: long texts nearer 1.5x). When only
+# entries were counted, 20,000 segments holding a 20 KB tool output each
+# kept ~330 MB of a worker's memory for good. AGENT_CONTEXT_CACHE_MB sets
+# it for the worker.
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 logger = logging.getLogger(__name__)
 
 
@@ -67,11 +73,18 @@ class Manifest:
 class ContextStore:
     """Stores segments and manifests; caches what it read or wrote (content never changes)."""
 
-    def __init__(self, blobs: BlobStore, cache_size: int = 20_000) -> None:
+    def __init__(
+        self, blobs: BlobStore, cache_size: int = 20_000, cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
+        """``cache_size`` entries at most, and at most ``cache_bytes`` of
+        them as stored (JSON): the least recently used go first."""
         self._blobs = blobs
         self._writing: set[asyncio.Task[None]] = set()
-        self._cache: OrderedDict[str, Any] = OrderedDict()  # digest -> message | list[message] | Manifest
+        # digest -> (message | list[message] | Manifest, its stored size in bytes)
+        self._cache: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cached_bytes = 0
 
     async def load(self, manifest_digest: str) -> tuple[Manifest, list[AgentMessage]]:
         """The manifest and the messages it names; ``ContextMissing`` if any
@@ -130,48 +143,60 @@ class ContextStore:
             segment = digest_of(data)
             if segment not in self._cache:
                 blobs[segment] = data
-                self._remember(segment, list(messages))
+                self._remember(segment, list(messages), len(data))
             segments = (*segments, segment)
         new = Manifest(manifest.messages, segments)
         data = new.to_json()
         digest = digest_of(data)
         blobs[digest] = data
-        self._remember(digest, new)
+        self._remember(digest, new, len(data))
         return digest, blobs
 
     async def _manifest(self, digest: str) -> Manifest:
         cached = self._cached(digest)
         if isinstance(cached, Manifest):
             return cached
-        manifest = Manifest.from_json(await self._blobs.get(digest))
-        self._remember(digest, manifest)
+        data = await self._blobs.get(digest)
+        manifest = Manifest.from_json(data)
+        self._remember(digest, manifest, len(data))
         return manifest
 
     async def _segment(self, digest: str) -> list[AgentMessage]:
         cached = self._cached(digest)
         if isinstance(cached, list):
             return cached
-        segment = [
-            MessageAdapter.validate_python(m) for m in _MESSAGES.validate_json(await self._blobs.get(digest))
-        ]
-        self._remember(digest, segment)
+        data = await self._blobs.get(digest)
+        segment = [MessageAdapter.validate_python(m) for m in _MESSAGES.validate_json(data)]
+        self._remember(digest, segment, len(data))
         return segment
 
     async def _message(self, digest: str) -> AgentMessage:
         cached = self._cached(digest)
         if cached is not None and not isinstance(cached, list | Manifest):
             return cached  # type: ignore[no-any-return]
-        message = MessageAdapter.validate_json(await self._blobs.get(digest))
-        self._remember(digest, message)
+        data = await self._blobs.get(digest)
+        message = MessageAdapter.validate_json(data)
+        self._remember(digest, message, len(data))
         return message  # type: ignore[no-any-return]
 
     def _cached(self, digest: str) -> Any:
         cached = self._cache.get(digest)
-        if cached is not None:
-            self._cache.move_to_end(digest)
-        return cached
+        if cached is None:
+            return None
+        self._cache.move_to_end(digest)
+        return cached[0]
 
-    def _remember(self, digest: str, value: Any) -> None:
-        self._cache[digest] = value
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+    def _remember(self, digest: str, value: Any, size: int) -> None:
+        """Keep ``value`` (``size`` bytes as stored), the least recently
+        used going first past either bound. One larger than the whole byte
+        bound is not kept: it is read from the blob store when needed."""
+        if size > self._cache_bytes:
+            return
+        previous = self._cache.pop(digest, None)
+        if previous is not None:
+            self._cached_bytes -= previous[1]
+        self._cache[digest] = (value, size)
+        self._cached_bytes += size
+        while len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes:
+            _, (_, dropped) = self._cache.popitem(last=False)
+            self._cached_bytes -= dropped

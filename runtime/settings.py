@@ -111,6 +111,8 @@ class Settings:
     direct_model_post: bool = True
     sdk_fallbacks: bool = False
     max_concurrent_activities: int = 200
+    context_cache_mb: int = 64
+    """AGENT_CONTEXT_CACHE_MB: stored context (as JSON) the worker keeps parsed in memory."""
     core_threads: int | None = None
     """AGENT_CORE_THREADS: threads of the SDK's Rust core (None: unset; see ``worker.core_threads``)."""
     shutdown_grace: float = 5.0
@@ -191,6 +193,8 @@ class Settings:
             max_concurrent_activities=int(
                 _number(env, "AGENT_MAX_CONCURRENT_ACTIVITIES", 200, whole=True, positive=True)
             ),
+            # 0 would read every stored context from disk and parse it again at each model call.
+            context_cache_mb=int(_number(env, "AGENT_CONTEXT_CACHE_MB", 64, whole=True, positive=True)),
             core_threads=(
                 int(_number(env, "AGENT_CORE_THREADS", 1, whole=True, positive=True, maximum=256))
                 if text("AGENT_CORE_THREADS")

@@ -328,3 +328,53 @@ async def test_the_context_cache_is_bounded_and_keeps_what_was_used_last(tmp_pat
     assert texts((await store.load(c))[1]) == ["c"]
     with pytest.raises(ContextMissing):
         await store.load(b)
+
+
+async def test_the_context_cache_is_bounded_by_bytes_as_well(tmp_path: Path) -> None:
+    """Entries alone did not bound memory: 20,000 segments of a 20 KB tool
+    output each kept ~330 MB. Past ``cache_bytes`` of stored JSON the least
+    recently used go; a segment larger than the whole bound is read from the
+    store whenever it is needed."""
+    store = ContextStore(FileBlobStore(tmp_path), cache_bytes=3_000)
+    big = [user("x" * 1_000)]
+    a = await store.save(Manifest(), big)
+    b = await store.save(Manifest(), [user("y" * 1_000)])
+    await store.load(a)  # a is in use again: b is now the least recently used
+    c = await store.save(Manifest(), [user("z" * 1_000)])
+    huge = await store.save(Manifest(), [user("w" * 5_000)])
+    assert store._cached_bytes <= 3_000
+    shutil.rmtree(tmp_path)
+    assert texts((await store.load(a))[1]) == ["x" * 1_000]
+    assert texts((await store.load(c))[1]) == ["z" * 1_000]
+    for gone in (b, huge):
+        with pytest.raises(ContextMissing):
+            await store.load(gone)
+
+
+async def test_a_context_read_again_is_counted_once(tmp_path: Path) -> None:
+    """Reading what is cached, or saving the same content again, does not
+    grow the count of cached bytes (else the bound would shrink in use)."""
+    store = ContextStore(FileBlobStore(tmp_path))
+    digest = await store.save(Manifest(), [user("a"), user("b")])
+    counted = store._cached_bytes
+    for _ in range(3):
+        await store.load(digest)
+        assert await store.save(Manifest(), [user("a"), user("b")]) == digest
+    assert store._cached_bytes == counted > 0
+
+
+async def test_the_worker_bounds_its_context_cache_by_its_setting(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """AGENT_CONTEXT_CACHE_MB reaches the store the model calls read from."""
+    from worker import build_worker
+
+    for env, expected in (({}, 64), ({"AGENT_CONTEXT_CACHE_MB": "3"}, 3)):
+        settings = Settings.from_env({**worker_env, **env}, task_queue=f"context-cache-{expected}")
+        worker = build_worker(stack.client, settings)
+        llm = next(
+            getattr(a, "__self__", None)
+            for a in worker.config()["activities"]
+            if getattr(a, "__name__", "") == "stream_assistant_response"
+        )
+        assert llm._context._cache_bytes == expected * 1024 * 1024

@@ -50,6 +50,8 @@ from worker import build_worker, what_must_match
         ("AGENT_SDK_FALLBACKS", "enabled", "AGENT_SDK_FALLBACKS must be on or off, got 'enabled'."),
         # Found by a README audit: taken, and the worker said ready but never ran an activity.
         ("AGENT_MAX_CONCURRENT_ACTIVITIES", "0", "AGENT_MAX_CONCURRENT_ACTIVITIES must be above 0, got '0'."),
+        ("AGENT_CONTEXT_CACHE_MB", "0", "AGENT_CONTEXT_CACHE_MB must be above 0, got '0'."),
+        ("AGENT_CONTEXT_CACHE_MB", "1.5", "AGENT_CONTEXT_CACHE_MB must be a whole number"),
         ("AGENT_GRPC_COMPRESSION", "zstd", "AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got 'zstd'."),
     ],
 )
