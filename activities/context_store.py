@@ -21,6 +21,7 @@ are still read; the next save keeps those messages where they are.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections import OrderedDict
@@ -80,6 +81,8 @@ class ContextStore:
         them as stored (JSON): the least recently used go first."""
         self._blobs = blobs
         self._writing: set[asyncio.Task[None]] = set()
+        # digest -> the background write that puts it in the store
+        self._pending: dict[str, asyncio.Task[None]] = {}
         # digest -> (message | list[message] | Manifest, its stored size in bytes)
         self._cache: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._cache_size = cache_size
@@ -121,8 +124,24 @@ class ContextStore:
         digest, blobs = self._encode(manifest, messages)
         task = asyncio.get_running_loop().create_task(self._write(blobs))
         self._writing.add(task)
-        task.add_done_callback(self._writing.discard)
+        self._pending.update(dict.fromkeys(blobs, task))
+        task.add_done_callback(functools.partial(self._written, list(blobs)))
         return digest
+
+    def _written(self, digests: list[str], task: asyncio.Task[None]) -> None:
+        self._writing.discard(task)
+        for digest in digests:
+            if self._pending.get(digest) is task:
+                del self._pending[digest]
+
+    async def _read(self, digest: str) -> bytes:
+        """A blob from the store, once this worker's own write of it (if
+        one is under way) has ended: a segment too large for the cache is
+        read back by the next model call, which may come first."""
+        writing = self._pending.get(digest)
+        if writing is not None:
+            await asyncio.shield(writing)  # never raises: ``_write`` logs a failure
+        return await self._blobs.get(digest)
 
     async def _write(self, blobs: dict[str, bytes]) -> None:
         try:
@@ -156,7 +175,7 @@ class ContextStore:
         cached = self._cached(digest)
         if isinstance(cached, Manifest):
             return cached
-        data = await self._blobs.get(digest)
+        data = await self._read(digest)
         manifest = Manifest.from_json(data)
         self._remember(digest, manifest, len(data))
         return manifest
@@ -165,7 +184,7 @@ class ContextStore:
         cached = self._cached(digest)
         if isinstance(cached, list):
             return cached
-        data = await self._blobs.get(digest)
+        data = await self._read(digest)
         segment = [MessageAdapter.validate_python(m) for m in _MESSAGES.validate_json(data)]
         self._remember(digest, segment, len(data))
         return segment
@@ -174,7 +193,7 @@ class ContextStore:
         cached = self._cached(digest)
         if cached is not None and not isinstance(cached, list | Manifest):
             return cached  # type: ignore[no-any-return]
-        data = await self._blobs.get(digest)
+        data = await self._read(digest)
         message = MessageAdapter.validate_json(data)
         self._remember(digest, message, len(data))
         return message  # type: ignore[no-any-return]

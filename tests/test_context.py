@@ -378,3 +378,20 @@ async def test_the_worker_bounds_its_context_cache_by_its_setting(
             if getattr(a, "__name__", "") == "stream_assistant_response"
         )
         assert llm._context._cache_bytes == expected * 1024 * 1024
+
+
+async def test_a_segment_too_large_to_cache_is_read_once_its_write_ends(tmp_path: Path) -> None:
+    """save_soon of a segment past the byte bound: the next model call on this
+    worker waits for the write under way rather than finding it missing
+    (which would have the workflow resend the whole context inline)."""
+    stalled = StalledBlobs(tmp_path)
+    store = ContextStore(stalled, cache_bytes=500)
+    digest = store.save_soon(Manifest(), [user("x" * 1_000)])
+    loading = asyncio.create_task(store.load(digest))
+    await asyncio.sleep(0.05)
+    assert not loading.done()  # waiting for the write, not failed
+    stalled.release.set()
+    _, messages = await asyncio.wait_for(loading, 5)
+    assert texts(messages) == ["x" * 1_000]
+    await asyncio.wait_for(store.flush(), 5)
+    assert not store._pending
