@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -31,6 +32,14 @@ _CHECKOUT = hashlib.sha256(str(Path(__file__).resolve().parent.parent).encode())
 DATA = Path(tempfile.gettempdir()) / f"durable-agent-tests-{os.getuid()}-{_CHECKOUT}"
 # The payload store of the worker, the codec server and the clients in this process.
 PAYLOADS = DATA / "payloads"
+
+# Tests press Ctrl-C in the CLIs they start (SIGINT). A suite started in the
+# background by a non-interactive shell (`cmd &`, without job control)
+# inherits SIGINT ignored, and its children would too: a starter would then
+# never see the Ctrl-C and the test would time out. A handler here is reset
+# to the default in each child, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
