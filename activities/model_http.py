@@ -56,6 +56,61 @@ except ImportError:  # pragma: no cover - another openai: posts through client.p
     FinalRequestOptions = None  # type: ignore[assignment,misc]
 
 _PER_REQUEST = ("_api_key_provider", "_provider_runtime", "_workload_identity_auth")
+
+
+class WirePart(dict[str, Any]):
+    """A piece of a request body (a converted message, a tool's entry) that
+    is shared between requests and never changed once built: its JSON is
+    made once, the first time a body holds it, and reused by every later
+    body (``request_body``). A model call's body used to be serialised whole
+    each call: ~1.3 ms for a 290 KB context, ~0.3 ms joined from its parts.
+    Anything that would change one after its first body must copy it."""
+
+    __slots__ = ("_json",)
+    _json: bytes
+
+    def json(self) -> bytes:
+        try:
+            return self._json
+        except AttributeError:
+            self._json = _dumps(self)
+            return self._json
+
+
+# As the client serialises a body (openapi_dumps, the same bytes for JSON
+# values); one encoder (json.dumps would make one per call).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _dumps(value: Any) -> bytes:
+    return _ENCODER.encode(value).encode()
+
+
+def request_body(params: dict[str, Any]) -> bytes:
+    """``params`` as JSON, byte for byte what ``json.dumps`` makes of it
+    (and so what the client sends), with each ``WirePart`` in a list of
+    ``params`` taken as already encoded."""
+    if not all(type(key) is str for key in params):
+        return _dumps(params)  # json.dumps's own key coercion
+    # One join: a context of megabytes is copied once, not once per level.
+    pieces = [b"{"]
+    for key, value in params.items():
+        if len(pieces) > 1:
+            pieces.append(b",")
+        pieces += (_dumps(key), b":")
+        if type(value) is list and any(type(item) is WirePart for item in value):
+            pieces.append(b"[")
+            for n, item in enumerate(value):
+                if n:
+                    pieces.append(b",")
+                pieces.append(item.json() if type(item) is WirePart else _dumps(item))
+            pieces.append(b"]")
+        else:
+            pieces.append(_dumps(value))
+    pieces.append(b"}")
+    return b"".join(pieces)
+
+
 """Client attributes that, set, make a request differ from the last (a key
 refreshed, a token fetched, a provider's transform)."""
 
@@ -116,8 +171,7 @@ class ChatPoster:
         template = self._template
         if template is None or template.key != (client.api_key, client.base_url):
             template = self._template = _Template.of(client)
-        # As the client serialises a body (openapi_dumps, the same bytes for JSON values).
-        body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        body = request_body(params)
         # The jar's cookies as the httpx client's build_request adds them (a
         # load balancer's stickiness cookie, say); none over a Cookie header
         # the client was configured with.

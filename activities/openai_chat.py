@@ -4,6 +4,7 @@ streamed chunks back to one ``AssistantMessage`` plus pi's
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -13,6 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from activities.model_http import WirePart
 from workflows.arguments import MAX_NESTING, nesting_depth
 from workflows.contract import ThinkingLevel
 from workflows.inputs import clean_json, clean_text, image_base64, image_problem, image_type
@@ -109,13 +111,15 @@ class ConversionMemo:
         return len(self._parts)
 
 
-def _tool_parts(message: ToolResultMessage) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _tool_parts(
+    message: ToolResultMessage, part: type[dict[str, Any]] = dict
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A tool result as its ``tool`` message and the image parts that follow the batch."""
     text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
     returned = [c for c in message.content if isinstance(c, ImageContent)]
     if not text and returned:
         text = "(see attached image)"  # as pi sends it: the images follow the batch
-    tool = {"role": "tool", "tool_call_id": wire_call_id(message.tool_call_id), "content": text}
+    tool = part(role="tool", tool_call_id=wire_call_id(message.tool_call_id), content=text)
     images: list[dict[str, Any]] = []
     if returned:
         images.append({"type": "text", "text": f"Image(s) returned by tool {message.tool_name}:"})
@@ -123,20 +127,30 @@ def _tool_parts(message: ToolResultMessage) -> tuple[dict[str, Any], list[dict[s
     return tool, images
 
 
-def _user_message(message: UserMessage) -> dict[str, Any] | None:
+def _user_message(message: UserMessage, part: type[dict[str, Any]] = dict) -> dict[str, Any] | None:
     content = _user_content(message.content)
     # A server refuses an empty one (a transcript given at the start may hold it).
-    return {"role": "user", "content": content} if content else None
+    return part(role="user", content=content) if content else None
 
 
-def _assistant_parts(message: AssistantMessage) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+def _assistant_parts(
+    message: AssistantMessage, part: type[dict[str, Any]] = dict
+) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
     """An assistant message as sent (None when it has neither text nor
     tool calls), and the ids of the calls it makes."""
-    return _assistant_message(message), tuple(call.id for call in message.tool_calls)
+    return _assistant_message(message, part), tuple(call.id for call in message.tool_calls)
 
 
 def _no_memo(message: Any, convert: Callable[[Any], _T]) -> _T:
     return convert(message)
+
+
+_FRESH = (_tool_parts, _user_message, _assistant_parts)
+_SHARED = (
+    functools.partial(_tool_parts, part=WirePart),
+    functools.partial(_user_message, part=WirePart),
+    functools.partial(_assistant_parts, part=WirePart),
+)
 
 
 def to_openai_messages(
@@ -161,6 +175,9 @@ def to_openai_messages(
     calls (``ConversionMemo``).
     """
     converted = memo.get if memo is not None else _no_memo
+    # Kept conversions are sent again each call: kept with their JSON too.
+    # Fresh ones are encoded with the whole body (one call, ~3x less work).
+    tool_parts, user_message, assistant_parts = _SHARED if memo is not None else _FRESH
     out: list[dict[str, Any]] = []
     if system_prompt:
         out.append({"role": "system", "content": system_prompt})
@@ -183,17 +200,17 @@ def to_openai_messages(
                 logger.warning("Left out a tool result that answers no call sent: %s", message.tool_call_id)
                 continue
             del unanswered[message.tool_call_id]
-            tool, returned = converted(message, _tool_parts)
+            tool, returned = converted(message, tool_parts)
             out.append(tool)
             images.extend(returned)
             continue
         close_batch()
         if isinstance(message, UserMessage):
-            user = converted(message, _user_message)
+            user = converted(message, user_message)
             if user is not None:
                 out.append(user)
         elif isinstance(message, AssistantMessage) and message.stop_reason not in ("error", "aborted"):
-            sent, call_ids = converted(message, _assistant_parts)
+            sent, call_ids = converted(message, assistant_parts)
             if sent is not None:
                 out.append(sent)
             unanswered.update(dict.fromkeys(call_ids))
@@ -248,14 +265,14 @@ def _image_part(image: ImageContent) -> dict[str, Any]:
     }
 
 
-def _assistant_message(message: AssistantMessage) -> dict[str, Any] | None:
+def _assistant_message(message: AssistantMessage, part: type[dict[str, Any]] = dict) -> dict[str, Any] | None:
     """As pi sends one: its text without blank parts (None when there is
     none), its reasoning, its calls; None when it has no text and no
     calls (a thinking-only or blank answer), which servers refuse."""
     text = "".join(c.text for c in message.content if isinstance(c, TextContent) and c.text.strip())
     if not text and not message.tool_calls:
         return None
-    result: dict[str, Any] = {"role": "assistant", "content": text or None}
+    result = part(role="assistant", content=text or None)
     thinking = [c for c in message.content if isinstance(c, ThinkingContent) and c.thinking.strip()]
     if thinking and thinking[0].thinking_signature in REASONING_FIELDS:
         # As pi does: the reasoning goes back in the field it streamed in

@@ -31,6 +31,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError
 
+from activities.model_http import WirePart
 from activities.openai_chat import TOOL_NAME
 from workflows.models import ToolDeclaration, UserContent
 
@@ -87,15 +88,20 @@ class ToolSpec:
         return _schema(self.args_model)
 
     def openai_tool(self) -> dict[str, Any]:
-        """The Chat Completions ``tools`` entry for this tool."""
-        return {
-            "type": "function",
-            "function": {
+        """The Chat Completions ``tools`` entry for this tool, built once and
+        shared by every request (``WirePart``: not to be changed)."""
+        return self._openai_tool
+
+    @functools.cached_property
+    def _openai_tool(self) -> WirePart:
+        return WirePart(
+            type="function",
+            function={
                 "name": self.name,
                 "description": self.description,
                 "parameters": self.parameters_schema(),
             },
-        }
+        )
 
 
 @functools.cache

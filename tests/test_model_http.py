@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from temporalio.client import Client
 
 from activities.llm import LlmActivities
-from activities.model_http import ChatPoster, ChunkStream
+from activities.model_http import ChatPoster, ChunkStream, WirePart, request_body
 from runtime.settings import Settings
 from testbed.scripted_model import ScriptedModelServer
 from tests.support.serving import serving
@@ -557,6 +557,97 @@ async def test_a_changed_stickiness_cookie_is_sent_after_a_new_key() -> None:
     await outcome(direct)
     await outcome(direct)
     assert cookies_sent == [None, "lb=node-2", "lb=node-3"]
+
+
+def _json_values(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+        max_leaves=8,
+    )
+
+
+_LEAVES = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+)
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.dictionaries(st.text(max_size=6), _json_values(_LEAVES), max_size=4))
+    ),
+    st.dictionaries(st.text(max_size=6), _json_values(_LEAVES), max_size=3),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_body_of_shared_parts_is_what_json_dumps_makes(
+    parts: list[tuple[bool, dict[str, Any]]], rest: dict[str, Any]
+) -> None:
+    """Byte for byte, whatever the body holds: messages and tools kept
+    encoded (``WirePart``) or not, any text, any other fields."""
+    items = [WirePart(part) if shared else part for shared, part in parts]
+    params = {"model": "m", **rest, "messages": items, "tools": list(reversed(items))}
+    expected = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    assert request_body(params) == expected
+    assert request_body(params) == expected  # and again, from the parts' kept JSON
+
+
+def test_a_body_json_dumps_would_refuse_is_refused_with_shared_parts() -> None:
+    for bad in (math.nan, math.inf, object()):
+        params = {"model": "m", "messages": [WirePart(role="user", content=bad)]}
+        with pytest.raises((ValueError, TypeError)) as raised:
+            json.dumps(params, allow_nan=False)
+        with pytest.raises(type(raised.value)):
+            request_body(params)
+    assert request_body({1: "a", "messages": [WirePart(a=1)]}) == b'{"1":"a","messages":[{"a":1}]}'
+
+
+def test_a_context_is_encoded_once_across_model_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each stored message is serialised for the first call that sends it;
+    later calls with it in their context reuse that JSON."""
+    from activities import model_http
+    from activities.openai_chat import ConversionMemo, to_openai_messages
+    from workflows.models import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
+
+    encoded: list[Any] = []
+    dumps = model_http._dumps
+
+    def counting(value: Any) -> bytes:
+        encoded.append(value)
+        return dumps(value)
+
+    monkeypatch.setattr(model_http, "_dumps", counting)
+    context: list[Any] = [UserMessage(content="add 1 and 2")]
+    memo = ConversionMemo()
+    for turn in range(3):
+        call = ToolCall(id=f"c{turn}", name="add", arguments={"a": 1, "b": 2})
+        context += [
+            AssistantMessage(content=[call], stop_reason="toolUse"),
+            ToolResultMessage(tool_call_id=f"c{turn}", tool_name="add", content=[TextContent(text="3")]),
+        ]
+        encoded.clear()
+        sent = to_openai_messages("be brief", context, memo)
+        body = request_body({"model": "m", "messages": sent, "stream": True})
+        assert json.loads(body)["messages"] == sent
+        messages_encoded = [v for v in encoded if isinstance(v, dict) and "role" in v]
+        # The system prompt (made each call), and the messages new to this call.
+        new = ["assistant", "tool"] if turn else ["user", "assistant", "tool"]
+        assert [m["role"] for m in messages_encoded] == ["system", *new]
+
+
+@direct_only
+async def test_a_body_of_shared_parts_is_the_one_client_post_sends() -> None:
+    direct, through_client, sent = posters(streaming)
+    shared = {
+        **PARAMS,
+        "messages": [WirePart(m) for m in PARAMS["messages"]],
+        "tools": [WirePart(t) for t in PARAMS["tools"]],
+    }
+    for params in (shared, shared, PARAMS):
+        assert await outcome(direct, params) == [CHUNK]
+        assert await outcome(through_client, params) == [CHUNK]
+    assert len(sent) == 6
+    assert all(sent[i].content == sent[i + 1].content for i in range(0, 6, 2))
+    assert sent[0].content == sent[4].content  # the same bytes as plain dicts make
 
 
 def test_an_azure_client_without_retries_posts_through_it() -> None:
