@@ -1,0 +1,30 @@
+"""bench/body.py compares like with like: both ways make the same body."""
+
+from __future__ import annotations
+
+import json
+
+from activities import openai_chat
+from activities.model_http import request_body
+from bench.body import call_cost, context
+
+
+def test_both_ways_of_the_bench_send_the_same_bytes() -> None:
+    messages = context(3, 40)
+    kept = request_body(
+        {
+            "model": "m",
+            "messages": openai_chat.to_openai_messages("s", messages, openai_chat.ConversionMemo()),
+        }
+    )
+    whole = json.dumps(
+        {"model": "m", "messages": openai_chat.to_openai_messages("s", messages)},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    ).encode()
+    assert kept == whole
+    shared = openai_chat._SHARED
+    _, size_before = call_cost(messages, False, 1)
+    _, size_after = call_cost(messages, True, 1)
+    assert size_before == size_after > len(whole)  # the bench's body also holds the stream fields
+    assert openai_chat._SHARED is shared  # the bench's "before" is undone
