@@ -99,15 +99,28 @@ class ContextStore:
                 # This worker wrote or read them all (a conversation staying on
                 # one worker): no task per segment.
                 return manifest, [m for segment in cached for m in segment]
-            singles, segments = await asyncio.gather(
-                asyncio.gather(*(self._message(d) for d in manifest.messages)),
-                asyncio.gather(*(self._segment(d) for d in manifest.segments)),
-            )
+            # Read cold (a new worker, or one whose cache let them go): the
+            # parts not cached here, in one request to the store. What is
+            # cached is taken first: the read lets other calls run, which may
+            # push it out of the cache meanwhile.
+            singles = {d: self._cached(d) for d in manifest.messages}
+            segments = {d: self._cached(d) for d in manifest.segments}
+            need = [d for d, m in singles.items() if not _is_message(m)]
+            need += [d for d, segment in segments.items() if not isinstance(segment, list)]
+            read = await self._read_many(list(dict.fromkeys(need)))
+            for digest in need:
+                if digest in singles and not _is_message(singles[digest]):
+                    singles[digest] = self._parsed_message(digest, read[digest])
+                if digest in segments and not isinstance(segments[digest], list):
+                    segments[digest] = self._parsed_segment(digest, read[digest])
         except (BlobMissing, ValidationError, ValueError) as err:
             raise ContextMissing(
                 f"stored context {str(manifest_digest)[:80]} cannot be read: {err}"
             ) from None
-        return manifest, [*singles, *(m for segment in segments for m in segment)]
+        return manifest, [
+            *(singles[d] for d in manifest.messages),
+            *(m for d in manifest.segments for m in segments[d]),
+        ]
 
     async def save(self, manifest: Manifest, messages: list[AgentMessage]) -> str:
         """Store ``messages`` as one segment after ``manifest``; the new manifest's digest."""
@@ -135,13 +148,18 @@ class ContextStore:
                 del self._pending[digest]
 
     async def _read(self, digest: str) -> bytes:
-        """A blob from the store, once this worker's own write of it (if
-        one is under way) has ended: a segment too large for the cache is
+        return (await self._read_many([digest]))[digest]
+
+    async def _read_many(self, digests: list[str]) -> dict[str, bytes]:
+        """Blobs from the store, once this worker's own writes of them (if
+        any is under way) have ended: a segment too large for the cache is
         read back by the next model call, which may come first."""
-        writing = self._pending.get(digest)
-        if writing is not None:
-            await asyncio.shield(writing)  # never raises: ``_write`` logs a failure
-        return await self._blobs.get(digest)
+        if not digests:
+            return {}
+        writing = {self._pending[d] for d in digests if d in self._pending}
+        for task in writing:
+            await asyncio.shield(task)  # never raises: ``_write`` logs a failure
+        return await self._blobs.get_many(digests)
 
     async def _write(self, blobs: dict[str, bytes]) -> None:
         try:
@@ -180,23 +198,15 @@ class ContextStore:
         self._remember(digest, manifest, len(data))
         return manifest
 
-    async def _segment(self, digest: str) -> list[AgentMessage]:
-        cached = self._cached(digest)
-        if isinstance(cached, list):
-            return cached
-        data = await self._read(digest)
+    def _parsed_segment(self, digest: str, data: bytes) -> list[AgentMessage]:
         segment = [MessageAdapter.validate_python(m) for m in _MESSAGES.validate_json(data)]
         self._remember(digest, segment, len(data))
         return segment
 
-    async def _message(self, digest: str) -> AgentMessage:
-        cached = self._cached(digest)
-        if cached is not None and not isinstance(cached, list | Manifest):
-            return cached  # type: ignore[no-any-return]
-        data = await self._read(digest)
-        message = MessageAdapter.validate_json(data)
+    def _parsed_message(self, digest: str, data: bytes) -> AgentMessage:
+        message: AgentMessage = MessageAdapter.validate_json(data)
         self._remember(digest, message, len(data))
-        return message  # type: ignore[no-any-return]
+        return message
 
     def _cached(self, digest: str) -> Any:
         cached = self._cache.get(digest)
@@ -219,3 +229,8 @@ class ContextStore:
         while len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes:
             _, (_, dropped) = self._cache.popitem(last=False)
             self._cached_bytes -= dropped
+
+
+def _is_message(cached: Any) -> bool:
+    """Whether a cache entry is a single message (not a segment, a manifest or nothing)."""
+    return cached is not None and not isinstance(cached, list | Manifest)

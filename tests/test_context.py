@@ -395,3 +395,59 @@ async def test_a_segment_too_large_to_cache_is_read_once_its_write_ends(tmp_path
     assert texts(messages) == ["x" * 1_000]
     await asyncio.wait_for(store.flush(), 5)
     assert not store._pending
+
+
+class CountingBlobs(FileBlobStore):
+    """A store that counts its reads and can run something while one is under way."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[int] = []  # blobs asked for, per request
+        self.during_reads: list[Any] = []  # what to run in each next request (None: nothing)
+
+    async def get(self, digest: str) -> bytes:
+        self.reads.append(1)
+        return await super().get(digest)
+
+    async def get_many(self, digests: list[str]) -> dict[str, bytes]:
+        self.reads.append(len(digests))
+        action = self.during_reads.pop(0) if self.during_reads else None
+        if action is not None:
+            action()
+        return await super().get_many(digests)
+
+
+async def test_a_long_context_is_read_cold_in_one_request_to_the_store(tmp_path: Path) -> None:
+    """A new worker (or one whose cache let the context go) reads all of a
+    long conversation's segments at once, not one request per segment."""
+    writer = ContextStore(FileBlobStore(tmp_path))
+    manifest, digest = Manifest(), ""
+    for turn in range(100):
+        digest = await writer.save(manifest, [user(f"q{turn}"), user(f"a{turn}")])
+        manifest, _ = await writer.load(digest)
+    counting = CountingBlobs(tmp_path)
+    _, messages = await ContextStore(counting).load(digest)
+    assert len(messages) == 200 and messages[0].content == "q0" and messages[-1].content == "a99"
+    assert counting.reads == [1, 100]  # the manifest, then its segments
+
+
+async def test_a_context_pushed_out_of_the_cache_during_a_cold_read_is_read_whole(tmp_path: Path) -> None:
+    """Other model calls on the worker may fill its cache while a cold read
+    waits on the store: what was cached when the read began is still used."""
+    shared = ContextStore(FileBlobStore(tmp_path))
+    first = await shared.save(Manifest(), [user("cached here")])
+    manifest, _ = await shared.load(first)
+    counting = CountingBlobs(tmp_path)
+    store = ContextStore(counting, cache_size=4)
+    await store.load(first)  # "cached here" is now in this worker's cache
+    digest = await shared.save(manifest, [user("written elsewhere")])
+
+    def other_calls() -> None:
+        for n in range(8):  # more than the cache holds
+            store.save_soon(Manifest(), [user(f"other {n}")])
+
+    counting.during_reads = [None, other_calls]  # the manifest's read, then the segment's
+    _, messages = await store.load(digest)
+    assert texts(messages) == ["cached here", "written elsewhere"]
+    assert counting.reads[-1] == 1  # only the segment it did not hold
+    await store.flush()

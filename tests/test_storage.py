@@ -630,3 +630,23 @@ async def test_an_s3_context_blob_altered_in_the_bucket_reads_as_missing(
 
     with pytest.raises(BlobMissing, match="corrupt"):
         await store.get(digest_of(data))
+
+
+async def test_s3_context_blobs_are_read_together_and_checked_each(
+    monkeypatch: pytest.MonkeyPatch, fake_s3: tuple[str, dict[str, bytes]]
+) -> None:
+    """A cold read of a context asks for all its segments at once; any one
+    missing or altered fails the read as a single one does."""
+    url, objects = fake_s3
+    use_fake_s3(monkeypatch, url)
+    store = blob_store(Settings.from_env({**os.environ, "AGENT_STORAGE": "s3://bucket"}))
+    assert isinstance(store, S3BlobStore)
+    blobs = {digest_of(d): d for d in (b'["one"]', b'["two"]', b'["three"]')}
+    await store.put_many(blobs)
+    assert await store.get_many(list(blobs)) == blobs
+    absent = digest_of(b'["never written"]')
+    with pytest.raises(BlobMissing, match="could not be read"):
+        await store.get_many([*blobs, absent])
+    objects[next(k for k in objects if k.endswith(list(blobs)[1]))] = b'["altered"]'
+    with pytest.raises(BlobMissing, match="corrupt"):
+        await store.get_many(list(blobs))

@@ -1,4 +1,4 @@
-"""bench/body.py compares like with like: both ways make the same body."""
+"""bench/context.py compares like with like."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from activities import openai_chat
 from activities.model_http import request_body
-from bench.body import call_cost, context
+from bench.context import call_cost, context
 
 
 def test_both_ways_of_the_bench_send_the_same_bytes() -> None:
