@@ -9,10 +9,25 @@ names a whole context (its segments, in order). The workflow passes the
 last manifest's digest plus the messages added since; the activity rebuilds
 the context, stores the new messages and its answer as one segment, and
 returns the new manifest's digest. History per turn stays constant, and a
-turn writes two blobs whatever its number of messages. The store is a cache
+turn writes two blobs whatever its number of messages (a third when
+segments merge, below). The store is a cache
 of what the workflow holds: a blob that is gone (or torn, failing its
 digest) makes ``load`` raise ``ContextMissing`` and the workflow resend the
 context inline, so its files are not fsynced (``runtime/payloads.py``).
+
+A manifest lists one segment per model call at first. Listing them all
+made each call write a manifest that grew with the conversation, and the
+store's bytes grow with the square of its calls (2,000 calls: ~134 KB a
+manifest, ~134 MB of manifests in all), and a cold read one request per
+call. So segments merge as a counter's digits carry: whenever the last
+``MERGE_FANOUT`` segments span the same number of calls, they are written
+again as one segment spanning all of them (the manifest's ``spans``). A
+manifest then lists at most ``MERGE_FANOUT - 1`` segments per power of
+``MERGE_FANOUT`` calls (45 at 2,000 calls), and each message is written
+once per level (three times at 2,000 calls). Segments merge only when
+this worker holds all of them (it has just read the context); a segment
+too large for the cache stays as it is. ``spans`` is advisory: a reader
+that ignores it (an earlier version) reads the same context.
 
 Manifests written before segments (a JSON list of per-message digests)
 are still read; the next save keeps those messages where they are.
@@ -34,8 +49,10 @@ from activities.blobs import BlobMissing, BlobStore, checked_digest, digest_of
 from workflows.models import AgentMessage, MessageAdapter
 
 _MESSAGES = TypeAdapter(list[Any])
+MERGE_FANOUT = 16  # segments that merge into one (see the module)
 # What the cache keeps parsed, counted as stored (JSON). Parsed messages take
-# 1.5-2.5x that in memory (measured: long texts nearer 1.5x). When only
+# 1.5-2.5x that in memory (measured: long texts nearer 1.5x), and once sent
+# to the model ~1x more (their JSON as sent, activities/model_http.py). When only
 # entries were counted, 20,000 segments holding a 20 KB tool output each
 # kept ~330 MB of a worker's memory for good. AGENT_CONTEXT_CACHE_MB sets
 # it for the worker.
@@ -54,9 +71,18 @@ class Manifest:
 
     messages: tuple[str, ...] = ()
     segments: tuple[str, ...] = field(default_factory=tuple)
+    spans: tuple[int, ...] = ()  # model calls per segment; () or a wrong length: one each
+
+    def segment_spans(self) -> tuple[int, ...]:
+        if len(self.spans) == len(self.segments):
+            return self.spans
+        return (1,) * len(self.segments)
 
     def to_json(self) -> bytes:
-        return json.dumps({"messages": list(self.messages), "segments": list(self.segments)}).encode()
+        value: dict[str, Any] = {"messages": list(self.messages), "segments": list(self.segments)}
+        if any(span != 1 for span in self.segment_spans()):
+            value["spans"] = list(self.segment_spans())
+        return json.dumps(value).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
@@ -65,9 +91,13 @@ class Manifest:
             return cls(messages=tuple(checked_digest(d) for d in value))
         if not isinstance(value, dict):
             raise ValueError("a manifest is a JSON object")
+        spans = value.get("spans")
+        if not isinstance(spans, list) or not all(type(n) is int and n > 0 for n in spans):
+            spans = []  # advisory only (merging): anything else reads as one call each
         return cls(
             messages=tuple(checked_digest(d) for d in value.get("messages", [])),
             segments=tuple(checked_digest(d) for d in value.get("segments", [])),
+            spans=tuple(spans),
         )
 
 
@@ -174,20 +204,38 @@ class ContextStore:
 
     def _encode(self, manifest: Manifest, messages: list[AgentMessage]) -> tuple[str, dict[str, bytes]]:
         blobs: dict[str, bytes] = {}
-        segments = manifest.segments
+        segments, spans = list(manifest.segments), list(manifest.segment_spans())
         if messages:
-            data = _MESSAGES.dump_json([MessageAdapter.dump_python(m, mode="json") for m in messages])
-            segment = digest_of(data)
-            if segment not in self._cache:
-                blobs[segment] = data
-                self._remember(segment, list(messages), len(data))
-            segments = (*segments, segment)
-        new = Manifest(manifest.messages, segments)
+            segments.append(self._segment_blob(list(messages), blobs))
+            spans.append(1)
+            self._merge_tail(segments, spans, blobs)
+        new = Manifest(manifest.messages, tuple(segments), tuple(spans))
         data = new.to_json()
         digest = digest_of(data)
         blobs[digest] = data
         self._remember(digest, new, len(data))
         return digest, blobs
+
+    def _segment_blob(self, messages: list[AgentMessage], blobs: dict[str, bytes]) -> str:
+        """The digest of a segment of ``messages``, added to ``blobs`` unless held here already."""
+        data = _MESSAGES.dump_json([MessageAdapter.dump_python(m, mode="json") for m in messages])
+        segment = digest_of(data)
+        if segment not in self._cache:
+            blobs[segment] = data
+            self._remember(segment, messages, len(data))
+        return segment
+
+    def _merge_tail(self, segments: list[str], spans: list[int], blobs: dict[str, bytes]) -> None:
+        """Merge the last ``MERGE_FANOUT`` segments while they span alike (see the module)."""
+        while len(spans) >= MERGE_FANOUT and len(set(spans[-MERGE_FANOUT:])) == 1:
+            parts = [self._cached(d) for d in segments[-MERGE_FANOUT:]]
+            if not all(isinstance(part, list) for part in parts):
+                return  # one is not held here (too large to cache): they stay as they are
+            merged = self._segment_blob([m for part in parts for m in part], blobs)
+            span = spans[-1] * MERGE_FANOUT
+            del segments[-MERGE_FANOUT:], spans[-MERGE_FANOUT:]
+            segments.append(merged)
+            spans.append(span)
 
     async def _manifest(self, digest: str) -> Manifest:
         cached = self._cached(digest)

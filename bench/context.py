@@ -14,12 +14,17 @@ calls each, outputs of a given size):
   conversion plus the encoding, the best of ``--repeat`` timings of many
   calls: the kept JSON against the whole body (``json.dumps`` of the
   memo's plain dicts, as before).
-- A cold read (change 42: a worker that starts, or whose cache let the
-  context go): the context's segments were read one request (one thread
-  hop) each; now all at once. Wall time of ``ContextStore.load`` from a
-  new store over the same files, the best of ``--repeat``: one request
-  against one per segment (the store's ``get_many`` made one ``get`` per
-  blob, as before).
+- The stored context (changes 42 and 43): a manifest listed one segment
+  per model call, so each call wrote a manifest that grew with the
+  conversation and a cold read (a worker that starts, or whose cache let
+  the context go) made one request (one thread hop) per segment. Now a
+  cold read asks for all at once, and segments merge as calls add up. For
+  each context, saved call by call as the worker saves it: the segments
+  its last manifest lists, the bytes the store holds (manifests included),
+  and the wall time of ``ContextStore.load`` from a new store over the
+  same files, the best of ``--repeat``: every segment listed (as before
+  change 43) read one request per segment (before change 42) and at once,
+  and merged, read at once.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from activities import openai_chat
+from activities import context_store, openai_chat
 from activities.blobs import FileBlobStore
 from activities.context_store import ContextStore, Manifest
 from activities.model_http import request_body
@@ -46,7 +52,12 @@ from workflows.models import (
 )
 
 CASES = ((20, 8), (20, 2_000), (100, 2_000), (150, 8_000))  # (tool rounds, bytes per tool output)
-COLD_CASES = ((50, 8), (460, 8), (150, 2_000))  # 460 rounds: ~3,700 history events, near continue-as-new
+COLD_CASES = (
+    (50, 8),
+    (460, 8),
+    (150, 2_000),
+    (2_000, 8),
+)  # 460 rounds: ~3,700 history events, near continue-as-new
 
 
 def context(rounds: int, output: int) -> list[AgentMessage]:
@@ -104,22 +115,42 @@ class _OneReadPerBlob(FileBlobStore):
         return dict(zip(digests, await asyncio.gather(*(self.get(d) for d in digests)), strict=True))
 
 
-async def cold_read(rounds: int, output: int, repeat: int) -> tuple[float, float, int]:
-    """ms to load a context of ``rounds`` segments on a new store: at once, one per segment; the segments."""
-    with tempfile.TemporaryDirectory() as root:
-        writer = ContextStore(FileBlobStore(Path(root), durable=False))
-        manifest, digest = Manifest(), ""
-        for messages in _rounds(context(rounds, output)):  # one segment per model call, as the worker saves
-            digest = await writer.save(manifest, messages)
-            manifest, _ = await writer.load(digest)
-        best = {FileBlobStore: float("inf"), _OneReadPerBlob: float("inf")}
-        for _ in range(repeat):
-            for kind in best:
-                store = ContextStore(kind(Path(root)))
-                start = time.perf_counter()
-                await store.load(digest)
-                best[kind] = min(best[kind], (time.perf_counter() - start) * 1_000)
-        return best[FileBlobStore], best[_OneReadPerBlob], len(manifest.segments)
+@dataclass
+class Stored:
+    """A context written call by call, then read cold."""
+
+    segments: int = 0
+    store_bytes: int = 0  # all blobs written, manifests included
+    read_ms: dict[str, float] = field(default_factory=dict)  # by way of reading
+
+
+async def stored_context(rounds: int, output: int, repeat: int, merge: bool) -> Stored:
+    """A context of ``rounds`` model calls saved as the worker saves it (one
+    segment a call; merged, or every segment listed as before change 43),
+    then loaded by new stores: the best of ``repeat`` for each way of reading."""
+    fanout = context_store.MERGE_FANOUT
+    if not merge:
+        context_store.MERGE_FANOUT = 1 << 30
+    try:
+        with tempfile.TemporaryDirectory() as root:
+            writer = ContextStore(FileBlobStore(Path(root), durable=False))
+            manifest, digest = Manifest(), ""
+            for messages in _rounds(context(rounds, output)):
+                digest = await writer.save(manifest, messages)
+                manifest, _ = await writer.load(digest)
+            result = Stored(len(manifest.segments), sum(f.stat().st_size for f in Path(root).rglob("*")))
+            ways = {"at once": FileBlobStore, "one per segment": _OneReadPerBlob}
+            for name, kind in ways.items() if not merge else [("at once", FileBlobStore)]:
+                best = float("inf")
+                for _ in range(repeat):
+                    store = ContextStore(kind(Path(root)))
+                    start = time.perf_counter()
+                    await store.load(digest)
+                    best = min(best, (time.perf_counter() - start) * 1_000)
+                result.read_ms[name] = best
+            return result
+    finally:
+        context_store.MERGE_FANOUT = fanout
 
 
 def _rounds(messages: list[AgentMessage]) -> list[list[AgentMessage]]:
@@ -143,10 +174,18 @@ def main() -> None:
             f"{before:27.3f} {after:10.3f} {after / before:6.2f}x"
         )
     print()
-    print("rounds  output B  segments | cold read ms: one per segment  at once  ratio")
+    print(
+        "rounds  output B | every segment listed: segments  store MB  read ms: one per segment  at once"
+        " | merged: segments  store MB  read ms"
+    )
     for rounds, output in COLD_CASES:
-        after, before, segments = asyncio.run(cold_read(rounds, output, args.repeat))
-        print(f"{rounds:6d} {output:9,d} {segments:9d} | {before:28.1f} {after:8.1f} {after / before:6.2f}x")
+        listed = asyncio.run(stored_context(rounds, output, args.repeat, merge=False))
+        merged = asyncio.run(stored_context(rounds, output, args.repeat, merge=True))
+        print(
+            f"{rounds:6d} {output:9,d} | {listed.segments:30d} {listed.store_bytes / 1e6:9.2f}"
+            f" {listed.read_ms['one per segment']:25.1f} {listed.read_ms['at once']:8.1f}"
+            f" | {merged.segments:16d} {merged.store_bytes / 1e6:9.2f} {merged.read_ms['at once']:8.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import json
 
 from activities import openai_chat
 from activities.model_http import request_body
-from bench.context import call_cost, context
+from bench.context import call_cost, context, stored_context
 
 
 def test_both_ways_of_the_bench_send_the_same_bytes() -> None:
@@ -28,3 +28,13 @@ def test_both_ways_of_the_bench_send_the_same_bytes() -> None:
     _, size_after = call_cost(messages, True, 1)
     assert size_before == size_after > len(whole)  # the bench's body also holds the stream fields
     assert openai_chat._SHARED is shared  # the bench's "before" is undone
+
+
+async def test_the_bench_reads_the_same_context_both_ways_it_stores_it() -> None:
+    from activities import context_store
+
+    listed = await stored_context(40, 8, 1, merge=False)
+    merged = await stored_context(40, 8, 1, merge=True)
+    assert listed.segments == 41 > merged.segments  # the prompt's segment, one a call
+    assert set(listed.read_ms) == {"one per segment", "at once"} and set(merged.read_ms) == {"at once"}
+    assert context_store.MERGE_FANOUT == 16  # the bench's "before" is undone

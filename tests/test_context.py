@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from activities.blobs import FileBlobStore, digest_of
-from activities.context_store import ContextMissing, ContextStore, Manifest
+from activities.context_store import MERGE_FANOUT, ContextMissing, ContextStore, Manifest
 from runtime.settings import Settings
 from tests.support.stack import EventLog, Stack
 from workflows.models import MessageAdapter, UserMessage
@@ -428,7 +428,8 @@ async def test_a_long_context_is_read_cold_in_one_request_to_the_store(tmp_path:
     counting = CountingBlobs(tmp_path)
     _, messages = await ContextStore(counting).load(digest)
     assert len(messages) == 200 and messages[0].content == "q0" and messages[-1].content == "a99"
-    assert counting.reads == [1, 100]  # the manifest, then its segments
+    assert len(manifest.segments) > 1
+    assert counting.reads == [1, len(manifest.segments)]  # the manifest, then its segments
 
 
 async def test_a_context_pushed_out_of_the_cache_during_a_cold_read_is_read_whole(tmp_path: Path) -> None:
@@ -451,3 +452,52 @@ async def test_a_context_pushed_out_of_the_cache_during_a_cold_read_is_read_whol
     assert texts(messages) == ["cached here", "written elsewhere"]
     assert counting.reads[-1] == 1  # only the segment it did not hold
     await store.flush()
+
+
+async def test_a_long_conversations_manifest_stays_short_and_names_every_message(tmp_path: Path) -> None:
+    """Segments merge as the calls add up: a conversation of 1,000 model
+    calls lists a few dozen segments, not 1,000, and the store holds a
+    few copies of each message rather than a manifest per call that
+    grows with the conversation (which made the store grow with its square)."""
+    store = ContextStore(FileBlobStore(tmp_path))
+    manifest, digest, sizes, stored = Manifest(), "", [], {}
+    for call in range(1, 1_001):
+        digest = await store.save(manifest, [user(f"q{call}"), user(f"a{call}")])
+        manifest, messages = await store.load(digest)
+        sizes.append(len(manifest.to_json()))
+        if call in (500, 1_000):
+            stored[call] = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+    assert texts(messages) == [t for call in range(1, 1_001) for t in (f"q{call}", f"a{call}")]
+    assert len(manifest.segments) <= 3 * (MERGE_FANOUT - 1) and max(sizes) < 4_000
+    # Twice the calls, about twice the bytes (listing every segment: four times).
+    assert stored[1_000] < 2.5 * stored[500]
+    # Read cold by another worker, and by one that ignores ``spans`` (an
+    # earlier version): the same context.
+    _, cold = await ContextStore(FileBlobStore(tmp_path)).load(digest)
+    assert texts(cold) == texts(messages)
+    plain = json.loads((tmp_path / digest[:2] / digest).read_bytes())
+    assert set(plain) == {"messages", "segments", "spans"}
+    older = put(tmp_path, json.dumps({"messages": [], "segments": plain["segments"]}).encode())
+    _, read_by_older = await ContextStore(FileBlobStore(tmp_path)).load(older)
+    assert texts(read_by_older) == texts(messages)
+
+
+async def test_segments_too_large_to_cache_are_left_unmerged_and_still_read(tmp_path: Path) -> None:
+    store = ContextStore(FileBlobStore(tmp_path), cache_bytes=2_000)
+    manifest, digest = Manifest(), ""
+    for call in range(MERGE_FANOUT + 3):
+        text = "x" * 3_000 if call == 2 else f"m{call}"  # one segment past the cache's bound
+        digest = await store.save(manifest, [user(text)])
+        manifest, _ = await store.load(digest)
+    # The first three were not merged (one was not held here); the sixteen after it were.
+    assert manifest.segment_spans() == (1, 1, 1, MERGE_FANOUT)
+    _, messages = await ContextStore(FileBlobStore(tmp_path)).load(digest)
+    assert len(messages) == MERGE_FANOUT + 3 and messages[2].content == "x" * 3_000
+
+
+@pytest.mark.parametrize("spans", ['"many"', "[0]", "[1, 2]", "[1.5]", "[true]"])
+async def test_a_manifest_with_spans_it_cannot_use_reads_as_one_call_each(tmp_path: Path, spans: str) -> None:
+    segment = put(tmp_path, json.dumps([MessageAdapter.dump_python(user("only"), mode="json")]).encode())
+    digest = put(tmp_path, f'{{"messages": [], "segments": ["{segment}"], "spans": {spans}}}'.encode())
+    manifest, messages = await ContextStore(FileBlobStore(tmp_path)).load(digest)
+    assert texts(messages) == ["only"] and manifest.segment_spans() == (1,)
