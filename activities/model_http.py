@@ -56,6 +56,8 @@ except ImportError:  # pragma: no cover - another openai: posts through client.p
     FinalRequestOptions = None  # type: ignore[assignment,misc]
 
 _PER_REQUEST = ("_api_key_provider", "_provider_runtime", "_workload_identity_auth")
+"""Client attributes that, set, make a request differ from the last (a key
+refreshed, a token fetched, a provider's transform)."""
 
 
 class WirePart(dict[str, Any]):
@@ -109,10 +111,6 @@ def request_body(params: dict[str, Any]) -> bytes:
             pieces.append(_dumps(value))
     pieces.append(b"}")
     return b"".join(pieces)
-
-
-"""Client attributes that, set, make a request differ from the last (a key
-refreshed, a token fetched, a provider's transform)."""
 
 
 class Chunks(Protocol):
