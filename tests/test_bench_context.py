@@ -30,7 +30,7 @@ def test_both_ways_of_the_bench_send_the_same_bytes() -> None:
     assert openai_chat._SHARED is shared  # the bench's "before" is undone
 
 
-async def test_the_bench_reads_the_same_context_both_ways_it_stores_it() -> None:
+async def test_the_bench_stores_a_context_listed_and_merged_and_undoes_its_before() -> None:
     from activities import context_store
 
     listed = await stored_context(40, 8, 1, merge=False)
