@@ -5,9 +5,11 @@ grows linearly with the turns, not with their square."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,40 @@ async def test_lost_stored_context_is_resent_inline(stack: Stack, worker_env: di
         "still there?",
     ]
     await handle.signal("close")
+
+
+async def test_a_long_run_merges_its_stored_context_and_the_model_sees_all_of_it(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """Past 16 model calls the worker merges the context's segments (in its
+    model activity, writing in the background): every call still sends the
+    whole transcript, and the merged context reads back whole, cold."""
+    calls = 2 * MERGE_FANOUT + 3
+    stack.script(
+        *[
+            {"tool_calls": [{"id": f"m{i}", "name": "echo", "arguments": {"text": f"r{i}"}}]}
+            for i in range(calls - 1)
+        ],
+        {"text": "all done"},
+    )
+    marker = f"MERGE-MARKER {uuid.uuid4()}"
+    handle = await stack.start(prompt=marker, closeWhenIdle=True)
+    await handle.result()
+    sent = [r["messages"] for r in stack.requests() if r["messages"][0]["content"] == marker]
+    assert [len(messages) for messages in sent] == [1 + 2 * i for i in range(calls)]
+    assert all(later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(sent))
+    store = ContextStore(FileBlobStore(Path(worker_env["AGENT_STORAGE_DIR"]) / "context"))
+    merged = []
+    for path in (Path(worker_env["AGENT_STORAGE_DIR"]) / "context").rglob("*"):
+        data = path.read_bytes() if path.is_file() and not path.name.startswith(".") else b""
+        if data.startswith(b"{") and b'"spans"' in data:
+            manifest, messages = await store.load(path.name)
+            if texts(messages[:1]) == [marker]:
+                merged.append((sum(manifest.segment_spans()), manifest, messages))
+    _, manifest, messages = max(merged, key=lambda found: found[0])
+    assert len(manifest.segments) < calls // 4
+    transcript = await stack.messages(handle)
+    assert [m.model_dump(mode="json") for m in messages] == [m.model_dump(mode="json") for m in transcript]
 
 
 async def test_a_turn_writes_one_segment_and_old_manifests_still_read(tmp_path: Path) -> None:
