@@ -96,8 +96,11 @@ async def test_a_long_run_merges_its_stored_context_and_the_model_sees_all_of_it
     for path in (Path(worker_env["AGENT_STORAGE_DIR"]) / "context").rglob("*"):
         data = path.read_bytes() if path.is_file() and not path.name.startswith(".") else b""
         if data.startswith(b"{") and b'"spans"' in data:
-            manifest, messages = await store.load(path.name)
-            if texts(messages[:1]) == [marker]:
+            try:
+                manifest, messages = await store.load(path.name)
+            except ContextMissing:
+                continue  # another test's, with its parts removed
+            if messages and messages[0].content == marker:
                 merged.append((sum(manifest.segment_spans()), manifest, messages))
     _, manifest, messages = max(merged, key=lambda found: found[0])
     assert len(manifest.segments) < calls // 4
