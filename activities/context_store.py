@@ -17,8 +17,8 @@ context inline, so its files are not fsynced (``runtime/payloads.py``).
 
 A manifest lists one segment per model call at first. Listing them all
 made each call write a manifest that grew with the conversation, and the
-store's bytes grow with the square of its calls (2,000 calls: ~134 KB a
-manifest, ~134 MB of manifests in all), and a cold read one request per
+store's bytes grow with the square of its calls (by call 2,000 a manifest
+of ~134 KB, ~134 MB of manifests in all), and a cold read one request per
 call. So segments merge as a counter's digits carry: whenever the last
 ``MERGE_FANOUT`` segments span the same number of calls, they are written
 again as one segment spanning all of them (the manifest's ``spans``). A
