@@ -135,14 +135,11 @@ class ContextStore:
             # push it out of the cache meanwhile.
             singles = {d: self._cached(d) for d in manifest.messages}
             segments = {d: self._cached(d) for d in manifest.segments}
-            need = [d for d, m in singles.items() if not _is_message(m)]
-            need += [d for d, segment in segments.items() if not isinstance(segment, list)]
-            read = await self._read_many(list(dict.fromkeys(need)))
-            for digest in need:
-                if digest in singles and not _is_message(singles[digest]):
-                    singles[digest] = self._parsed_message(digest, read[digest])
-                if digest in segments and not isinstance(segments[digest], list):
-                    segments[digest] = self._parsed_segment(digest, read[digest])
+            need_singles = [d for d, m in singles.items() if not _is_message(m)]
+            need_segments = [d for d, segment in segments.items() if not isinstance(segment, list)]
+            read = await self._read_many(list(dict.fromkeys(need_singles + need_segments)))
+            singles.update((d, self._parsed_message(d, read[d])) for d in need_singles)
+            segments.update((d, self._parsed_segment(d, read[d])) for d in need_segments)
         except (BlobMissing, ValidationError, ValueError) as err:
             raise ContextMissing(
                 f"stored context {str(manifest_digest)[:80]} cannot be read: {err}"
