@@ -282,9 +282,12 @@ async def kill_to_resume(
 
 
 async def concurrency(
-    client: Client, settings: Settings, server: ScriptedModelServer, worker_pid: int, n: int
+    client: Client, settings: Settings, server: ScriptedModelServer, pids: dict[str, int], n: int
 ) -> dict[str, Any]:
-    """n conversations at once on one worker, 200 ms of model latency per turn."""
+    """n conversations at once on one worker, 200 ms of model latency per
+    turn. ``pids``: the dev server's and the worker's. With the CPU each
+    process spent per turn, and how many cores all of them kept busy: turns
+    per second are bound by the machine's cores once they are all busy."""
     rounds = 3
 
     async def one() -> tuple[bool, float, int]:
@@ -307,21 +310,31 @@ async def concurrency(
         ok = isinstance(last, AssistantMessage) and last.stop_reason == "stop"
         return ok, time.monotonic() - started, rounds + 1
 
+    def cpu() -> dict[str, float]:
+        return {**{role: process_cpu_ms(pid) for role, pid in pids.items()}, "this process": own_cpu_ms()}
+
+    before = cpu()
     started = time.monotonic()
     outcomes = await asyncio.gather(*(one() for _ in range(n)))
     wall = time.monotonic() - started
+    after = cpu()
     completed = [o for o in outcomes if o[0]]
+    turns = sum(o[2] for o in completed)
+    spent = {role: after[role] - before[role] for role in after}
     overhead = sorted((seconds / turns - 0.2) * 1000 for ok, seconds, turns in completed if turns)
     return {
         "conversations": n,
         "completed": len(completed),
         "failed": n - len(completed),
-        "turns_per_second": round(sum(o[2] for o in completed) / wall, 1),
+        "turns_per_second": round(turns / wall, 1),
         "overhead_ms_per_turn_p50": round(overhead[len(overhead) // 2], 1) if overhead else None,
         "overhead_ms_per_turn_p99": round(overhead[min(len(overhead) - 1, int(len(overhead) * 0.99))], 1)
         if overhead
         else None,
-        "worker_rss_mb": round(_rss_kb(worker_pid) / 1024, 1),
+        "worker_rss_mb": round(_rss_kb(pids["worker"]) / 1024, 1),
+        "cpu_ms_per_turn": {role: round(ms / turns, 2) if turns else None for role, ms in spent.items()},
+        "cores_busy": round(sum(spent.values()) / 1000 / wall, 2),
+        "cores": os.cpu_count(),
     }
 
 
@@ -519,7 +532,7 @@ async def main(runs: int, n: int, idle: int = 1000) -> dict[str, Any]:
         summary = await compare(client, settings, server, runs, pids)
         summary["first_token"] = await first_token_latency(client, settings, server)
         summary["kill_to_resume"] = await kill_to_resume(client, settings, server, env)
-        summary["concurrency"] = await concurrency(client, settings, server, worker.pid, n)
+        summary["concurrency"] = await concurrency(client, settings, server, pids, n)
         summary["abort"] = await abort_latency(client, settings, server)
         summary["steering"] = await steering_latency(client, settings, server)
         summary["idle"] = await idle_conversations(client, settings, server, env, idle)
@@ -569,6 +582,11 @@ def print_table(summary: dict[str, Any]) -> None:
         f"{c['failed']} failed, {c['turns_per_second']} turns/s, overhead/turn p50 "
         f"{c['overhead_ms_per_turn_p50']} ms p99 {c['overhead_ms_per_turn_p99']} ms, "
         f"worker RSS {c['worker_rss_mb']} MB"
+    )
+    cpu = c["cpu_ms_per_turn"]
+    print(
+        f"  CPU ms/turn: worker {cpu['worker']}, dev server {cpu['dev server']}, this process "
+        f"{cpu['this process']} (clients and model server); {c['cores_busy']} of {c['cores']} cores busy"
     )
     a, st, i = summary["abort"], summary["steering"], summary["idle"]
     print(f"abort -> agent_end at the subscriber: median {a['median_ms']} ms, max {a['max_ms']} ms")

@@ -199,3 +199,100 @@ def test_a_run_sets_the_last_store_aside_and_deletes_only_past_the_limit(
     assert sorted(run.OLD_STORES.iterdir()) == aside[2:]
     run.fresh_payload_store()  # no store to set aside: nothing happens
     assert sorted(run.OLD_STORES.iterdir()) == aside[2:]
+
+
+def test_a_burst_counts_the_turns_of_completed_conversations_and_each_failure() -> None:
+    """``--concurrency``: a row's turns per second count only conversations
+    that completed the scenario; one that raised, made the wrong number of
+    model calls or was still running at the deadline is a failure with its
+    reason, and the others' figures stand."""
+    import asyncio
+
+    from bench.peers import throughput
+    from bench.peers.rows import Conversation, Row
+
+    scripted: dict[str, list[dict[str, object]]] = {}
+
+    class Model:
+        async def script(self, model: str, steps: list[dict[str, object]]) -> None:
+            scripted[model] = steps
+
+    class Stack:
+        model_server = Model()
+
+    class Meter:
+        reads = 0
+
+        def read(self) -> dict[str, float]:
+            self.reads += 1
+            cpu = 100.0 * self.reads
+            return {"dev server": cpu, "model server": cpu / 10, "client": cpu / 20, "fl#0": cpu}
+
+    calls = 0
+
+    class Flaky(Row):
+        async def converse(self, model: str) -> Conversation:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise RuntimeError("refused")
+            if calls == 3:
+                return Conversation(seconds=0.1, turns=2)  # stopped early
+            if calls == 4:
+                await asyncio.sleep(3600)  # never ends
+            return Conversation(seconds=0.1, turns=4)
+
+    row = Flaky(name="flaky")
+    row.workers = [object()]  # type: ignore[list-item]
+    original = throughput.CONVERSATIONS_TIMEOUT_S
+    throughput.CONVERSATIONS_TIMEOUT_S = 0.2  # type: ignore[assignment]
+    try:
+        burst = asyncio.run(throughput.burst(row, "fl", Stack(), Meter(), 6, 3, 200, run=1))  # type: ignore[arg-type]
+    finally:
+        throughput.CONVERSATIONS_TIMEOUT_S = original
+    assert (burst.conversations, burst.completed, burst.turns) == (6, 3, 12)
+    assert sorted(burst.errors) == [
+        "2 model calls, expected 4",
+        "RuntimeError: refused",
+        "not done after 0.2 s",
+    ]
+    assert burst.cpu_ms["worker"] == 100.0 and burst.cpu_ms["dev server"] == 100.0
+    # Each conversation had a model of its own, answering after the latency asked for.
+    assert len(scripted) == 6
+    assert all(step["first_delay_ms"] == 200 for steps in scripted.values() for step in steps)
+
+
+def test_throughput_is_compared_with_the_floor_of_the_same_round() -> None:
+    from bench.peers.throughput import Burst, summarise
+
+    def burst(round_: int, turns: int, seconds: float, failed: int = 0) -> Burst:
+        cpu = {"dev server": 10.0 * turns, "worker": 8.0 * turns, "client": 1.0 * turns}
+        return Burst(round_, 100, 100 - failed, turns, seconds, cpu, ["X: y"] * failed)
+
+    # The machine slows from round to round; the row does 0.9x the floor's
+    # turns per second in each round it ran (round 2 of the floor failed wholly).
+    floor = [burst(1, 400, 8.0), burst(3, 400, 10.0), burst(4, 400, 12.0)]
+    row = [
+        burst(1, 400, 8.0 / 0.9),
+        burst(2, 396, 9.0, failed=1),
+        burst(3, 400, 10.0 / 0.9),
+        burst(4, 400, 12 / 0.9),
+    ]
+    summary = summarise(row, floor)
+    assert summary["turns_per_second_to_floor"] == 0.9
+    assert summary["turns_per_second_to_floor_spread"] == [0.9, 0.9]
+    assert summary["failed"] == 1 and summary["errors"] == ["X: y"]
+    assert summary["cpu_ms_per_turn"] == {"dev server": 10.0, "worker": 8.0, "client": 1.0}
+    # All processes' CPU over the wall clock, median over the rounds: 19 ms a turn.
+    busy = sorted(19 * b.turns / 1000 / b.seconds for b in row)
+    assert summary["cores_busy"] == round((busy[1] + busy[2]) / 2, 2)
+    assert "turns_per_second_to_floor" not in summarise(floor, None)
+
+
+def test_the_scenario_answers_after_the_latency_asked_for() -> None:
+    from bench.peers.scenario import steps
+
+    assert all("first_delay_ms" not in step for step in steps(3))
+    delayed = steps(3, 200)
+    assert len(delayed) == 4 and all(step["first_delay_ms"] == 200 for step in delayed)
+    assert [{k: v for k, v in step.items() if k != "first_delay_ms"} for step in delayed] == steps(3)

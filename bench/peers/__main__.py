@@ -3,6 +3,7 @@ floor (the loop moved into a workflow as plainly as possible), this project,
 and the peers whose packages are installed (``pip install -e '.[bench]'``).
 
     .venv/bin/python -m bench.peers [--runs 5] [--rounds 20] [--rows floor,project]
+    .venv/bin/python -m bench.peers --concurrency 100 --rounds 3 [--latency-ms 200]
 
 One dev server (dispatch rate limit lifted), one scripted model server (zero
 latency), one worker process per row on its own task queue. Scenario: K
@@ -19,7 +20,8 @@ every row of a round alike, so a ratio of one round to the same round's
 floor holds still where each row's own median does not). The
 ``floor-twin`` row runs the floor again on a worker of its own: its ratios
 are those of identical work, the bench's resolution. Prints a table, then
-a JSON summary.
+a JSON summary. With ``--concurrency N`` it measures throughput instead:
+each row runs N conversations at once per round (``bench/peers/throughput.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.peers import throughput
 from bench.peers.measure import (
     ACTION_KINDS,
     SERVER_ACTIONS,
@@ -181,8 +184,15 @@ async def count_requests(row: Row, key: str, stack: Stack, url: str, rounds: int
 
 
 async def main(
-    runs: int, rounds: int, keys: list[str], variant: dict[str, str] | None = None
+    runs: int,
+    rounds: int,
+    keys: list[str],
+    variant: dict[str, str] | None = None,
+    concurrency: int = 0,
+    latency_ms: int = 0,
 ) -> dict[str, Any]:
+    """The rows' figures, one conversation at a time; with ``concurrency``,
+    their throughput with that many conversations at once instead."""
     started = time.monotonic()
     DATA.mkdir(parents=True, exist_ok=True)
     # bench.run imports the project, as this project's row does
@@ -195,13 +205,25 @@ async def main(
     try:
         model_server = ScriptedModel.start(DATA / "scripted-model.log")
         try:
-            samples, errors, requests = await run_rows(Stack(dev, model_server, DATA), rows, runs, rounds)
+            stack = Stack(dev, model_server, DATA)
+            if concurrency:
+                bursts = await run_throughput(stack, rows, runs, concurrency, rounds, latency_ms)
+            else:
+                samples, errors, requests = await run_rows(stack, rows, runs, rounds)
         finally:
             await model_server.stop()
     finally:
         dev.stop()
         prune_old_payload_stores()
     summary: dict[str, Any] = {"rounds": rounds, "runs": runs, "rows": {}}
+    if concurrency:
+        summary |= {"concurrency": concurrency, "latency_ms": latency_ms}
+        for key, row in rows.items():
+            floor = bursts.get("floor") if key != "floor" else None
+            summary["rows"][key] = {"name": row.name} | throughput.summarise(bursts[key], floor)
+        summary["missing"] = {key: missing[key] for key in keys if key in missing}
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        return summary
     base = samples.get("baseline")
     base_ms = statistics.median(_ms_per_turn(s) for s in base) if base else None
     for key, row in rows.items():
@@ -211,6 +233,28 @@ async def main(
     summary["missing"] = {key: missing[key] for key in keys if key in missing}
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
+
+
+async def run_throughput(
+    stack: Stack, rows: dict[str, Row], runs: int, n: int, rounds: int, latency_ms: int
+) -> dict[str, list[throughput.Burst]]:
+    """Each row's bursts of ``n`` conversations at once (``throughput.run_bursts``)."""
+    try:
+        for row in rows.values():
+            await row.start(stack)
+        return await throughput.run_bursts(stack, rows, runs, n, rounds, latency_ms, _meter(stack, rows))
+    finally:
+        for row in rows.values():
+            await row.stop()
+
+
+def _meter(stack: Stack, rows: dict[str, Row]) -> CpuMeter:
+    """CPU of the dev server, the model server and every row's workers, by role."""
+    assert stack.dev.process is not None
+    children = {"dev server": stack.dev.process.pid, "model server": stack.model_server.process.pid}
+    for key, row in rows.items():
+        children |= {f"{key}#{i}": worker.pid for i, worker in enumerate(row.workers)}
+    return CpuMeter(children)
 
 
 async def run_rows(
@@ -225,11 +269,7 @@ async def run_rows(
     try:
         for row in rows.values():
             await row.start(stack)
-        assert stack.dev.process is not None
-        children = {"dev server": stack.dev.process.pid, "model server": stack.model_server.process.pid}
-        for key, row in rows.items():
-            children |= {f"{key}#{i}": worker.pid for i, worker in enumerate(row.workers)}
-        meter = CpuMeter(children)
+        meter = _meter(stack, rows)
         order = list(rows)
         for run in range(runs + 1):  # the first round warms every row up and is dropped
             for key in order[run % len(order) :] + order[: run % len(order)]:
@@ -427,6 +467,20 @@ if __name__ == "__main__":
         help=f"a subset of {','.join(ROW_KEYS)}",
     )
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure throughput instead: N conversations at once per row and round "
+        "(with --rounds 3 and --latency-ms 200, bench.run's 100-conversation scenario)",
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=int,
+        default=200,
+        help="with --concurrency: the scripted model's latency before each answer (default 200)",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -446,8 +500,11 @@ if __name__ == "__main__":
         parser.error(f"unknown rows {unknown}: choose from {', '.join(ROW_KEYS)}")
     if "project-variant" in keys and not variant:
         parser.error("the project-variant row needs --variant NAME=VALUE")
-    result = asyncio.run(main(args.runs, args.rounds, keys, variant))
-    print_table(result)
+    if args.concurrency < 0 or args.latency_ms < 0:
+        parser.error("--concurrency and --latency-ms cannot be negative")
+    latency_ms = args.latency_ms if args.concurrency else 0
+    result = asyncio.run(main(args.runs, args.rounds, keys, variant, args.concurrency, latency_ms))
+    (throughput.print_table if args.concurrency else print_table)(result)
     print(json.dumps(result, indent=2))
     sys.stdout.flush()
     os._exit(0)

@@ -19,8 +19,9 @@ TOOL_DESCRIPTION = "Evaluate an arithmetic expression (+ - * /)."
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
-def steps(rounds: int) -> list[dict[str, Any]]:
-    """The scripted model's answers: ``rounds`` pairs of tool calls, then the answer."""
+def steps(rounds: int, latency_ms: int = 0) -> list[dict[str, Any]]:
+    """The scripted model's answers: ``rounds`` pairs of tool calls, then the
+    answer; each begins ``latency_ms`` after its request (a model's latency)."""
     script: list[dict[str, Any]] = [
         {
             "tool_calls": [
@@ -31,6 +32,9 @@ def steps(rounds: int) -> list[dict[str, Any]]:
         for i in range(rounds)
     ]
     script.append({"text": ANSWER, "chunk_chars": 4})
+    if latency_ms:
+        for step in script:
+            step["first_delay_ms"] = latency_ms
     return script
 
 
