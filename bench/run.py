@@ -319,20 +319,22 @@ async def concurrency(
     wall = time.monotonic() - started
     after = cpu()
     completed = [o for o in outcomes if o[0]]
-    turns = sum(o[2] for o in completed)
+    total_turns = sum(o[2] for o in completed)
     spent = {role: after[role] - before[role] for role in after}
     overhead = sorted((seconds / turns - 0.2) * 1000 for ok, seconds, turns in completed if turns)
     return {
         "conversations": n,
         "completed": len(completed),
         "failed": n - len(completed),
-        "turns_per_second": round(turns / wall, 1),
+        "turns_per_second": round(total_turns / wall, 1),
         "overhead_ms_per_turn_p50": round(overhead[len(overhead) // 2], 1) if overhead else None,
         "overhead_ms_per_turn_p99": round(overhead[min(len(overhead) - 1, int(len(overhead) * 0.99))], 1)
         if overhead
         else None,
         "worker_rss_mb": round(_rss_kb(pids["worker"]) / 1024, 1),
-        "cpu_ms_per_turn": {role: round(ms / turns, 2) if turns else None for role, ms in spent.items()},
+        "cpu_ms_per_turn": {
+            role: round(ms / total_turns, 2) if total_turns else None for role, ms in spent.items()
+        },
         "cores_busy": round(sum(spent.values()) / 1000 / wall, 2),
         "cores": os.cpu_count(),
     }

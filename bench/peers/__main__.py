@@ -150,15 +150,7 @@ async def measure(row: Row, key: str, stack: Stack, meter: CpuMeter, rounds: int
     history = None
     if row.client is not None and conversation.workflow_id:
         history = await fetch_history(row.client, conversation.workflow_id, conversation.first_run_id)
-    spent = CpuMeter.spent(before, after)
-    own = {f"{key}#{i}" for i in range(len(row.workers))}
-    cpu = {
-        "dev server": spent["dev server"],
-        "worker": sum(spent[role] for role in own),
-        "client": spent["client"],
-        "model server": spent["model server"],
-        "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
-    }
+    cpu = CpuMeter.by_row(CpuMeter.spent(before, after), key, len(row.workers))
     stored = None if stored_before is None or stored_after is None else stored_after - stored_before
     return Sample(run, conversation, cpu, history, stored)
 

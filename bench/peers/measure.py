@@ -110,6 +110,19 @@ class CpuMeter:
     def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         return {role: after[role] - before[role] for role in before}
 
+    @staticmethod
+    def by_row(spent: dict[str, float], key: str, workers: int) -> dict[str, float]:
+        """``spent`` as one row's figures: its own ``workers`` (roles
+        ``key#0``...) together, the other rows' workers as idle ones."""
+        own = {f"{key}#{i}" for i in range(workers)}
+        return {
+            "dev server": spent["dev server"],
+            "worker": sum(spent[role] for role in own),
+            "client": spent["client"],
+            "model server": spent["model server"],
+            "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
+        }
+
 
 @dataclass
 class History:

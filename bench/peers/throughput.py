@@ -64,15 +64,7 @@ async def burst(
     for task in pending:  # counted as failed, not waited for
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    spent = CpuMeter.spent(before, meter.read())
-    own = {f"{key}#{i}" for i in range(len(row.workers))}
-    cpu = {
-        "dev server": spent["dev server"],
-        "worker": sum(spent[role] for role in own),
-        "client": spent["client"],
-        "model server": spent["model server"],
-        "idle workers": sum(v for role, v in spent.items() if "#" in role and role not in own),
-    }
+    cpu = CpuMeter.by_row(CpuMeter.spent(before, meter.read()), key, len(row.workers))
     errors: list[str] = []
     turns = completed = 0
     for task in tasks:
