@@ -46,6 +46,7 @@ from bench.peers.measure import (
     CpuMeter,
     History,
     fetch_history,
+    median_and_middle_half,
     server_actions,
     server_requests,
     tree_bytes,
@@ -306,12 +307,13 @@ def paired_ratios(samples: list[Sample], floor: list[Sample]) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": len(pairs)}
     spread: dict[str, list[float]] = {}
     for name, measure_of in PAIRED.items():
-        ratios = [measure_of(s) / measure_of(f) for s, f in pairs if measure_of(f) > 0]
-        if ratios:
-            out[name] = round(statistics.median(ratios), 2)
-        if len(ratios) >= 2:
-            first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
-            spread[name] = [round(first, 2), round(third, 2)]
+        median, middle_half = median_and_middle_half(
+            [measure_of(s) / measure_of(f) for s, f in pairs if measure_of(f) > 0]
+        )
+        if median is not None:
+            out[name] = median
+        if middle_half is not None:
+            spread[name] = middle_half
     if spread:
         out["spread"] = spread
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import statistics
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -91,6 +92,16 @@ def _stat_fields(path: str) -> list[str]:
 def own_cpu_ms() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def median_and_middle_half(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """The median of ``values`` and their first and third quartiles (None
+    where there are too few), rounded to 0.01: a run's ratios to the floor."""
+    median = round(statistics.median(values), 2) if values else None
+    if len(values) < 2:
+        return median, None
+    first, _, third = statistics.quantiles(values, n=4, method="inclusive")
+    return median, [round(first, 2), round(third, 2)]
 
 
 @dataclass

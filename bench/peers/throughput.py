@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.peers.measure import CpuMeter
+from bench.peers.measure import CpuMeter, median_and_middle_half
 from bench.peers.rows import Row, Stack
 from bench.peers.scenario import steps
 
@@ -122,16 +122,17 @@ def summarise(bursts: list[Burst], floor: list[Burst] | None) -> dict[str, Any]:
     }
     if floor is not None:
         by_round = {b.round: b for b in floor}
-        ratios = [
-            b.turns_per_second / by_round[b.round].turns_per_second
-            for b in bursts
-            if b.round in by_round and by_round[b.round].turns_per_second > 0
-        ]
-        if ratios:
-            out["turns_per_second_to_floor"] = round(statistics.median(ratios), 2)
-        if len(ratios) >= 2:
-            first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
-            out["turns_per_second_to_floor_spread"] = [round(first, 2), round(third, 2)]
+        median, middle_half = median_and_middle_half(
+            [
+                b.turns_per_second / by_round[b.round].turns_per_second
+                for b in bursts
+                if b.round in by_round and by_round[b.round].turns_per_second > 0
+            ]
+        )
+        if median is not None:
+            out["turns_per_second_to_floor"] = median
+        if middle_half is not None:
+            out["turns_per_second_to_floor_spread"] = middle_half
     return out
 
 
