@@ -92,6 +92,13 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update("configure", not_an_object)
         assert str(refused.value.cause).endswith(named)  # JSON's words, not Python's
+    # One setting in both spellings: one would be dropped unseen.
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("configure", {"systemPrompt": "Be long.", "system_prompt": "Be short."})
+    assert isinstance(refused.value.cause, ApplicationError)
+    twice = "`systemPrompt` is given twice, also as `system_prompt`: give it once."
+    assert refused.value.cause.message == twice
+    assert (await handle.query("state"))["systemPrompt"] == "Be brief."
     # An empty partial object changes nothing and answers with the settings in force.
     assert await handle.execute_update("configure", {}) == settings
     assert (await handle.query("state"))["model"] == other_model

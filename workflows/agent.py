@@ -789,6 +789,18 @@ class AgentWorkflow:
                 f"Unknown setting(s) {', '.join(map(str, unknown))}: configure takes "
                 f"{', '.join(sorted(f.alias or n for n, f in AgentSettings.model_fields.items()))}."
             )
+        if strict:
+            # Both spellings of one setting: one would be dropped unseen
+            # (the camelCase one wins). Refused by the validator only, so a
+            # configure accepted before this check replays as it ran.
+            twice = [
+                (field.alias, name)
+                for name, field in AgentSettings.model_fields.items()
+                if field.alias and field.alias != name and field.alias in payload and name in payload
+            ]
+            if twice:
+                alias, name = twice[0]
+                raise InputError(f"`{alias}` is given twice, also as `{name}`: give it once.")
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
             if strict:
