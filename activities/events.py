@@ -16,6 +16,9 @@ workflow execution: a publisher is given a budget of batches
 (``max_batches``, from the workflow). It spends half at the configured
 interval, then doubles the interval for each half of what is left, so a
 stream of any length stays within budget and keeps streaming, more coarsely.
+Should the execution refuse a signal all the same (others' signals used up
+its 10,000), the publisher stops and what it had not delivered goes back
+with the result.
 """
 
 from __future__ import annotations
@@ -36,7 +39,21 @@ from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, WireModel
 logger = logging.getLogger(__name__)
 
 FIRST_FLUSH_MS = 10
+# How the server refuses a signal past an execution's 10,000.
+SIGNAL_LIMIT_REFUSAL = "exceeded workflow execution limit for signal events"
 _MERGEABLE = {"text_delta", "thinking_delta", "toolcall_delta"}
+
+
+def attempt_budget(max_batches: int | None, attempt: int) -> int | None:
+    """The event batches (signals) one attempt of a call may send:
+    ``max_batches`` halved for each retry, so that its attempts together
+    stay within about twice it, at least one while any is given; 0 sends
+    none (everything goes back with the result); None, no bound."""
+    if max_batches is None:
+        return None
+    if max_batches <= 0:
+        return 0
+    return max(1, max_batches >> (attempt - 1))
 
 
 def run_stream_client() -> WorkflowStreamClient:
@@ -76,6 +93,8 @@ class ActivityEventPublisher:
         self._interval = self._base_interval
         self._budget = max_batches
         self.batches = 0
+        self._unsent: list[dict[str, Any]] = []  # handed to the stream client, not yet delivered
+        self._refused = False  # the execution takes no more signals
         self._buffer: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
         self._urgent = False
@@ -98,11 +117,15 @@ class ActivityEventPublisher:
         self._wake.set()
         if self._loop_task is not None:
             await self._loop_task  # lets a batch being sent arrive first
-        if isinstance(exc, Exception) and self._buffer:
+        if isinstance(exc, Exception) and self._buffer and not self._refused and self._budget != 0:
             # A failing attempt has no result to carry its tail: send it now,
-            # or subscribers miss what it said (its ``message_retry``).
+            # or subscribers miss what it said (its ``message_retry``); not
+            # with no budget at all (the execution is near its signal limit).
             await self._send()
-        self.tail, self._buffer = self._buffer, []
+        # Refused for good, the batches handed to the stream client go back
+        # with the result too (another failure may have been delivered).
+        refused = self._unsent if self._refused else []
+        self.tail, self._buffer, self._unsent = [*refused, *self._buffer], [], []
 
     def publish(self, event: WireModel, *, flush: bool = False) -> None:
         """Buffer ``event``; ``flush`` sends the batch soon (first token, progress)."""
@@ -141,8 +164,8 @@ class ActivityEventPublisher:
             if self._budget is not None and self.batches >= self._budget:
                 return  # out of budget: the rest goes with the result
             await self._send()
-            if self._run_ended:
-                return  # nobody reads on: the rest goes nowhere
+            if self._run_ended or self._refused:
+                return  # nobody reads on, or no signal more is taken
             self._pace()
 
     def _pace(self) -> None:
@@ -170,6 +193,7 @@ class ActivityEventPublisher:
         topic = stream.topic(EVENTS_TOPIC)
         for event in batch:
             topic.publish(event)
+        self._unsent.extend(batch)
         try:
             await stream.flush()
         except RPCError as err:
@@ -177,8 +201,17 @@ class ActivityEventPublisher:
                 self._run_ended = True
                 logger.info("The run this call published to has ended; its later events are dropped")
                 return
+            if SIGNAL_LIMIT_REFUSAL in str(err):
+                # Someone else's signals used up the execution's 10,000
+                # (its own budget keeps a call within them): what is left
+                # goes back with the result, which needs no signal.
+                self._refused = True
+                logger.warning("The workflow takes no more signals; this call's events go with its result")
+                return
             # kept pending by the client; retried next round
             logger.warning("Publishing events failed, will retry: %s", err)
+        else:
+            self._unsent.clear()
 
 
 def _append_merged(buffer: list[dict[str, Any]], event: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context_store import ContextMissing, ContextStore, Manifest
-from activities.events import ActivityEventPublisher
+from activities.events import ActivityEventPublisher, attempt_budget
 from activities.heartbeat import heartbeating
 from activities.model_http import ChatPoster, Chunks
 from activities.openai_chat import (
@@ -140,10 +140,8 @@ class LlmActivities:
         stored, context = await self._context_of(request)
         params = await self._request_params(request, context)
         assembler = StreamAssembler(request.model)
-        budget = request.max_batches >> (info.attempt - 1) if request.max_batches else None
-        publisher = ActivityEventPublisher(
-            request.stream_batch_ms, None if budget is None else max(1, budget), call=request.stream_call
-        )
+        budget = attempt_budget(request.max_batches, info.attempt)
+        publisher = ActivityEventPublisher(request.stream_batch_ms, budget, call=request.stream_call)
         metrics = _ModelMetrics(request.model)
         async with publisher as events, heartbeating():
             if info.attempt > 1:

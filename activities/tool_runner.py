@@ -25,7 +25,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.events import ActivityEventPublisher
+from activities.events import ActivityEventPublisher, attempt_budget
 from activities.heartbeat import heartbeating
 from activities.redact import TOOL_SECRETS, scrub, scrub_json, scrub_known
 from activities.tools import (
@@ -100,13 +100,18 @@ class ToolActivities:
             return _error(str(err))
         info = activity.info()
         key = request.idempotency_key or f"{info.workflow_id}/{info.activity_id}"
-        budget = request.max_batches >> (info.attempt - 1) if request.max_batches else None
         async with ActivityEventPublisher(
-            request.stream_batch_ms, None if budget is None else max(1, budget)
+            request.stream_batch_ms, attempt_budget(request.max_batches, info.attempt)
         ) as events:
             async with heartbeating():
+                reported = False
 
                 def publish_progress(partial: Any) -> None:
+                    # The first report goes out at once, the rest in batches
+                    # (``stream_batch_ms``): a tool reporting every few
+                    # milliseconds sent a signal, and cost a workflow task,
+                    # each time (a Temporal review).
+                    nonlocal reported
                     events.publish(
                         ToolExecutionUpdateEvent(
                             tool_call_id=call.id,
@@ -114,8 +119,9 @@ class ToolActivities:
                             args=call.arguments,
                             partial_result=scrub_json(_as_result_json(partial), self._secrets),
                         ),
-                        flush=True,
+                        flush=not reported,
                     )
+                    reported = True
 
                 token = _current.set(
                     ToolContext(

@@ -712,7 +712,11 @@ def runner_of(function: Any, *, args_model: type[BaseModel] = _NoArgs, **options
 
 
 async def run_t(
-    runner: ToolActivities, arguments: dict[str, Any] | None = None, *, attempt: int = 1, max_batches: int = 0
+    runner: ToolActivities,
+    arguments: dict[str, Any] | None = None,
+    *,
+    attempt: int = 1,
+    max_batches: int | None = None,
 ) -> ToolOutcome:
     request = ToolRequest(
         tool_call=ToolCall(id="c1", name="t", arguments=arguments or {}),
@@ -842,6 +846,50 @@ async def test_a_retried_call_gets_half_the_event_batches_of_the_attempt_before(
     await run_t(runner_of(quiet), attempt=9, max_batches=100)
 
     assert budgets == [100, 50, 25, 1]
+
+
+async def test_a_tool_reporting_progress_often_sends_its_first_report_at_once_and_the_rest_in_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every ``report_progress`` used to flush at once: a tool reporting every
+    few milliseconds sent a signal (and cost the conversation a workflow
+    task) each time, 50-100 a second (a Temporal review). Now the first
+    report goes out at once and the rest every ``stream_batch_ms``."""
+    flushed: list[list[Any]] = []
+    pending: list[Any] = []
+
+    class Recording:
+        def topic(self, _name: str) -> Any:
+            return self
+
+        def publish(self, event: Any) -> None:
+            pending.append(event)
+
+        async def flush(self) -> None:
+            if pending:
+                flushed.append(list(pending))
+                pending.clear()
+
+    monkeypatch.setattr(events_module, "run_stream_client", Recording)
+    first_sent_after: list[float] = []
+
+    async def chatty(args: _NoArgs) -> str:
+        started = time.monotonic()
+        report_progress("0")
+        while not flushed and time.monotonic() - started < 1:
+            await asyncio.sleep(0.001)
+        first_sent_after.append(time.monotonic() - started)
+        for step in range(1, 40):
+            report_progress(str(step))
+            await asyncio.sleep(0.005)
+        return "done"
+
+    outcome = await run_t(runner_of(chatty))  # stream_batch_ms: 100 by default
+
+    assert first_sent_after[0] < 0.09  # not held for the batch interval
+    assert 2 <= len(flushed) <= 5  # ~0.25 s of reports: not one signal each
+    sent = [e for batch in flushed for e in batch] + outcome.events
+    assert [e["partialResult"]["content"][0]["text"] for e in sent] == [str(i) for i in range(40)]
 
 
 async def test_read_file_skips_no_further_than_its_scan_limit_through_short_lines(

@@ -22,6 +22,8 @@ from activities.events import ActivityEventPublisher
 from client import Conversation, PollInterval, follow
 from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.agent import IDLE_ITEMS_CARRIED, STREAM_ITEMS_CARRIED
+from workflows.calls import SIGNAL_LIMIT, SIGNAL_RESERVE
+from workflows.contract import ToolRequest
 from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AgentStartEvent, MessageUpdateEvent
 from workflows.stream import (
     OFFSET_QUERY,
@@ -696,6 +698,73 @@ async def test_a_call_whose_run_has_ended_stops_publishing(monkeypatch: pytest.M
         events.publish(AgentStartEvent(), flush=True)
         await asyncio.sleep(0.15)
     assert fake.flushes == 1 and len(fake.sent) == 1  # nothing more was sent
+
+
+async def test_a_call_refused_a_signal_past_the_limit_stops_and_returns_what_it_had_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Others' signals used up the execution's 10,000: each publisher retried
+    its refused batch every round, for as long as its call ran (947 warnings
+    in a Temporal review's run), and the batch was lost. It now stops at the
+    first refusal, and the refused batch and what came after go back with
+    the result (``tail``), which the workflow publishes without a signal."""
+
+    class Full(FakeStreamClient):
+        async def flush(self) -> None:
+            self.flushes += 1
+            raise RPCError(events_module.SIGNAL_LIMIT_REFUSAL, RPCStatusCode.INVALID_ARGUMENT, b"")
+
+    fake = Full()
+    monkeypatch.setattr(events_module, "run_stream_client", lambda: fake)
+    async with ActivityEventPublisher(batch_ms=20) as events:
+        events.publish_delta({"type": "text_delta", "delta": "refused"}, flush=True)
+        await asyncio.sleep(0.15)
+        events.publish_delta({"type": "thinking_delta", "delta": "later"})
+        await asyncio.sleep(0.15)
+    assert fake.flushes == 1
+    assert [e["assistantMessageEvent"]["delta"] for e in events.tail] == ["refused", "later"]
+
+
+async def test_a_call_given_no_batches_sends_nothing_and_returns_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A budget of 0 (the execution's signals are spoken for) means none,
+    not "no bound" as a falsy 0 read before."""
+    fake = FakeStreamClient()
+    monkeypatch.setattr(events_module, "run_stream_client", lambda: fake)
+    async with ActivityEventPublisher(batch_ms=5, max_batches=events_module.attempt_budget(0, 1)) as events:
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.1)
+        events.publish(AgentStartEvent(), flush=True)
+        await asyncio.sleep(0.1)
+    assert fake.flushes == 0 and fake.sent == []
+    assert events.tail == [{"type": "agent_start"}] * 2
+
+
+async def test_tool_calls_running_at_once_are_granted_no_more_signals_than_are_left(stack: Stack) -> None:
+    """Each tool call is given a budget of event batches (signals) when it
+    starts. Each share used to ignore what the calls already running had
+    been given: twelve at once were granted about three times the
+    execution's allowance, and twelve tools reporting progress used up its
+    10,000 signals within a minute; ``abort`` and ``close`` were then
+    refused by the server until the batch ended (a Temporal review)."""
+    calls = [{"id": f"g{i}", "name": "echo", "arguments": {"text": str(i)}} for i in range(12)]
+    stack.script({"tool_calls": calls}, {"text": "done"})
+    handle = await stack.start(prompt="twelve at once", closeWhenIdle=True)
+    await handle.result()
+    budgets: list[int] = []
+    for event in (await handle.fetch_history()).events:
+        scheduled = event.activity_task_scheduled_event_attributes
+        if event.HasField("activity_task_scheduled_event_attributes") and (
+            scheduled.activity_type.name == "execute_tool"
+        ):
+            [request] = await stack.client.data_converter.decode(scheduled.input.payloads, [ToolRequest])
+            assert request.max_batches is not None
+            budgets.append(request.max_batches)
+    assert len(budgets) == 12
+    assert min(budgets) > 0  # each may still stream its progress
+    # Twice a budget: what its retries may send too.
+    assert sum(2 * b for b in budgets) <= SIGNAL_LIMIT - SIGNAL_RESERVE
 
 
 async def test_activities_publish_to_the_run_that_scheduled_them(stack: Stack) -> None:

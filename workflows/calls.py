@@ -105,6 +105,9 @@ class ActivityCalls:
         self._argument_bytes = 0  # of the tool activities running
         self._instant_abort = False
         self._aborted_calls: list[workflow.ActivityHandle[LlmResult]] = []  # cancelled, not yet ended
+        # The signals each call started may still send (twice its budget of
+        # event batches, for its retries), held until it ends.
+        self._granted: list[tuple[workflow.ActivityHandle[Any], int]] = []
         self.on_change: Callable[[], None] = lambda: None
 
     @property
@@ -186,7 +189,7 @@ class ActivityCalls:
                 context_length=start,
                 turn=session.turns.total + 1,
                 stream_batch_ms=settings.stream_batch_ms,
-                max_batches=self._batch_budget(1),
+                max_batches=self._batch_budget(),
                 stream_call=self._stream.model_call,
             )
             # An abort answers at once with what had streamed, instead of
@@ -208,6 +211,7 @@ class ActivityCalls:
                 ),
                 summary=f"llm: {request.model} turn {request.turn}",
             )
+            self._grant(self._llm, request.max_batches)
             self.on_change()
             try:
                 if awaited:
@@ -310,7 +314,10 @@ class ActivityCalls:
             tool_call=ToolCall(id=call.id, name=call.name, arguments=prepared.args),
             stream_batch_ms=self._session.settings.stream_batch_ms,
             idempotency_key=key,
-            max_batches=self._batch_budget(max(1, len(self._tools) + 1)),
+            # A share that leaves room for the calls of the batch that start
+            # after it: the k-th call running at once gets 1/(2(k+1)) of what
+            # is left, and all of them together never more than all of it.
+            max_batches=self._batch_budget(share=len(self._tools) + 2),
         )
         cancellation = (
             workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
@@ -346,6 +353,7 @@ class ActivityCalls:
                 summary=summary,
             )
         self._tools[call.id] = handle
+        self._grant(handle, request.max_batches)
         self.on_change()
         try:
             outcome = await handle
@@ -379,12 +387,23 @@ class ActivityCalls:
         key = f"{workflow_id}/{activity_id}" if execution == 0 else f"{workflow_id}/{execution}/{activity_id}"
         return activity_id, key
 
-    def _batch_budget(self, sharers: int) -> int:
-        """How many event batches one call may publish: what is left of this
-        execution's signal allowance, shared by the calls running at once
-        and halved again for retries."""
-        left = SIGNAL_LIMIT - SIGNAL_RESERVE - self._stream.signals
-        return max(1, left // (2 * sharers))
+    def _batch_budget(self, share: int = 1) -> int:
+        """How many event batches one call may publish: ``1/share`` of what
+        is left of this execution's signal allowance once the signals taken
+        and those still granted to running calls are counted, halved for
+        its retries (``activities.events.attempt_budget``). 0 when nothing
+        is left: its events then go back with its result. (Before, each
+        call's share ignored what the others running had been given: twelve
+        calls reporting progress together were granted more than the
+        allowance, used up the execution's 10,000 signals, and then
+        ``abort`` and ``close`` were refused.)"""
+        self._granted = [(handle, n) for handle, n in self._granted if not handle.done()]
+        left = SIGNAL_LIMIT - SIGNAL_RESERVE - self._stream.signals - sum(n for _, n in self._granted)
+        return max(0, left // (2 * share))
+
+    def _grant(self, handle: workflow.ActivityHandle[Any], max_batches: int | None) -> None:
+        if max_batches:
+            self._granted.append((handle, 2 * max_batches))
 
 
 # --- helpers ----------------------------------------------------------------------------
