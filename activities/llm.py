@@ -137,13 +137,20 @@ class LlmActivities:
     async def stream_assistant_response(self, request: LlmRequest) -> LlmResult:
         info = activity.info()
         poster = self._model_poster()
+        # Heartbeats from the start: loading a stored context (S3) and the
+        # worker's context transform may take seconds before the request
+        # goes out, and the heartbeat timeout counts from the start.
+        async with heartbeating():
+            return await self._answer(request, info, poster)
+
+    async def _answer(self, request: LlmRequest, info: activity.Info, poster: ChatPoster) -> LlmResult:
         stored, context = await self._context_of(request)
         params = await self._request_params(request, context)
         assembler = StreamAssembler(request.model)
         budget = attempt_budget(request.max_batches, info.attempt)
         publisher = ActivityEventPublisher(request.stream_batch_ms, budget, call=request.stream_call)
         metrics = _ModelMetrics(request.model)
-        async with publisher as events, heartbeating():
+        async with publisher as events:
             if info.attempt > 1:
                 events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
             try:

@@ -4,6 +4,7 @@ worker, on its own task queue; a hook that raises never wedges one."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from testbed.scripted_model import ScriptedModelServer
 from tests.support.guarded_hooks import GuardedHooks
 from tests.support.stack import EventLog
 from worker import build_worker
+from workflows.calls import HEARTBEAT_TIMEOUT
 from workflows.contract import SessionResult
 from workflows.models import AgentMessage, UserMessage
 
@@ -259,6 +261,40 @@ async def test_the_context_transform_shapes_each_model_call_and_its_failure_ends
         assert idle["messages"][-1]["content"][0]["text"] == "three"
         await handle.signal("close")
         assert len((await handle.result())["messages"]) == 8
+
+
+async def _slow_transform(messages: list[AgentMessage]) -> list[AgentMessage]:
+    """A context transform that awaits past the 3 s heartbeat timeout (a
+    retrieval or summarising call)."""
+    await asyncio.sleep(HEARTBEAT_TIMEOUT.total_seconds() + 1)
+    return messages
+
+
+async def test_a_context_transform_may_await_past_the_heartbeat_timeout(
+    client: Client, model_server: ScriptedModelServer, worker_env: dict[str, str]
+) -> None:
+    """The model activity heartbeats while the transform awaits, not only
+    once the request is sent: before, every attempt timed out on its
+    heartbeat before asking the model (which was still asked, and billed,
+    each time) and the run ended with "activity Heartbeat timeout" after
+    five attempts (a Temporal review)."""
+    queue = f"agent-slow-transform-{uuid.uuid4().hex[:6]}"
+    model = f"slow-transform-{uuid.uuid4().hex[:6]}"
+    model_server.script(model, [{"text": "worth the wait"}])
+    settings = Settings.from_env(worker_env, task_queue=queue)
+    async with build_worker(client, settings, transform_context=_slow_transform):
+        handle = await client.start_workflow(
+            "AgentWorkflow",
+            {"model": model, "prompt": "first"},
+            id=f"slow-transform-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+        idle = await handle.execute_update("wait_for_idle", result_type=dict)
+        assert idle["stopReason"] == "stop"
+        assert idle["messages"][-1]["content"][0]["text"] == "worth the wait"
+        assert len(model_server.requests(model)) == 1  # asked once: no attempt timed out
+        await handle.signal("close")
+        await handle.result()
 
 
 _WAITING: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
