@@ -517,6 +517,11 @@ class AgentWorkflow:
                     await workflow.wait_condition(lambda: False)
                 await self._continue_as_new()  # never returns
         except TimeoutError:
+            # A decision taken as the deadline passed (a wait resumed after
+            # continue-as-new with no time left times out before it looks)
+            # comes too late: dropped, so that it cannot decide a later call
+            # that reuses the id (servers that number calls ``call_0`` ...).
+            session.decisions.pop(call.id, None)
             self._record_approval(call.name, "timeout", waiting)
             # A run from before the patch keeps the deadline it carried, also
             # when the setting was cleared since: say the timeout it waited.
