@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -434,8 +434,12 @@ class Conversation:
             checks += 1
             reading.moved.clear()
             next_look = _WORKER_CHECKS[min(checks, len(_WORKER_CHECKS) - 1)]
+            # asyncio.timeout, not wait_for: on Python 3.11 a cancel landing
+            # as wait_for's own timeout fired was lost, and `starter.py run`
+            # then hung at exit, cancelling this task forever (a README audit).
             with contextlib.suppress(TimeoutError):  # an event starts the looks over
-                await asyncio.wait_for(reading.moved.wait(), next_look)
+                async with asyncio.timeout(next_look):
+                    await reading.moved.wait()
 
     async def _note_when_slow(self, name: str, *, query: bool = False) -> None:
         """Tell ``on_slow_update`` once that ``name`` waits for a worker (a
@@ -497,7 +501,7 @@ class Conversation:
 
     async def run_events(
         self, started: PromptResult, *, on_skipped: Callable[[int, int], None] | None = None
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
         """``(offset, event)`` of the run ``started`` names, up to and
         including its ``agent_end`` (fewer when the conversation ends first).
         Runs never overlap, so the first ``agent_end`` from its offset is its own.
@@ -514,20 +518,24 @@ class Conversation:
             if on_skipped is not None:
                 on_skipped(first, next_kept)
 
-        async for offset, event in self.events(started.event_offset, on_skipped=skipped):
-            if event.get("type") == "agent_start":
-                if begun or own_start_lost:
-                    return  # this run's end (or its start) was not kept
-                begun = True
-            yield offset, event
-            if event.get("type") == "agent_end" and isinstance(event.get("messages"), list):
-                return
+        # Closed on return, so that its reading (and its watch for a missing
+        # worker) ends with the run's events, not when it is collected.
+        async with contextlib.aclosing(self.events(started.event_offset, on_skipped=skipped)) as events:
+            async for offset, event in events:
+                if event.get("type") == "agent_start":
+                    if begun or own_start_lost:
+                        return  # this run's end (or its start) was not kept
+                    begun = True
+                yield offset, event
+                if event.get("type") == "agent_end" and isinstance(event.get("messages"), list):
+                    return
 
     async def _run_messages(self, started: PromptResult) -> list[AgentMessage]:
-        async for _, event in self.run_events(started):
-            if event.get("type") == "agent_end":
-                with contextlib.suppress(ValidationError):  # else not the workflow's (forged): none
-                    return MessageList.validate_python(event["messages"])
+        async with contextlib.aclosing(self.run_events(started)) as events:
+            async for _, event in events:
+                if event.get("type") == "agent_end":
+                    with contextlib.suppress(ValidationError):  # else not the workflow's (forged): none
+                        return MessageList.validate_python(event["messages"])
         # No agent_end: the conversation ended first (terminated by the server
         # past its history limit, say), where this returned [] as if the run
         # had made no message; or its end was not kept (see run_events).
@@ -761,7 +769,7 @@ class Conversation:
         *,
         cooldown_ms: int = 200,
         on_skipped: Callable[[int, int], None] | None = None,
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
         """``(offset, event)`` from ``from_offset`` on, reconnecting, until the
         conversation ends; ``on_skipped(first, next)`` when events from
         ``first`` were no longer kept; see ``follow``."""

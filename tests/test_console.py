@@ -423,6 +423,34 @@ async def test_run_streams_the_answer_once(stack: Stack) -> None:
     assert (code, stdout.count("streamed only once")) == (0, 1)
 
 
+async def test_run_exits_after_an_answer_whose_first_token_came_after_the_worker_watch_began(
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """``run`` watches for a missing worker once no event came for 5 s. An
+    answer whose first token took 7 s arrives with its run's end in one
+    read, so the run ended just as that watch woke, and on Python 3.11
+    ``wait_for`` then lost the cancel at exit: the process hung for good
+    (a README audit: ``exit=124`` under ``timeout 40``). A worker of its
+    own, whose model read timeout outlasts the 7 s."""
+    task_queue = f"quiet-{uuid.uuid4().hex[:6]}"
+    env = {**worker_env, "TEMPORAL_TASK_QUEUE": task_queue, "AGENT_LLM_READ_TIMEOUT": "15"}
+    worker = start_worker(env, [], artifacts / "quiet-worker.log")
+    try:
+        stack.script({"text": "Answer after a long think.", "first_delay_ms": 7000})
+        code, stdout, _ = await starter_with_stderr(
+            stack.dev_server,
+            "run",
+            "think long",
+            "--model",
+            stack.model,
+            env={"TEMPORAL_TASK_QUEUE": task_queue},
+        )
+    finally:
+        stop_process(worker)
+
+    assert (code, stdout.count("Answer after a long think.")) == (0, 1), stdout
+
+
 async def test_run_exits_1_when_the_model_call_fails(stack: Stack) -> None:
     stack.script({"fault": {"kind": "400", "message": "bad request body"}})
 
