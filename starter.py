@@ -42,7 +42,7 @@ from temporalio.service import RPCError
 
 from client import AgentMessage, Conversation, PromptResult, Refused, StoppedWaiting, list_conversations
 from console import EventRenderer, approval_hint, chat, skipped_note, watch
-from console.render import terminal_safe
+from console.render import end_streamed_line, terminal_safe
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
 
@@ -399,6 +399,8 @@ COMMANDS = {
 
 
 def _note(sentence: str) -> None:
+    if sys.stdout.isatty() and sys.stderr.isatty():  # one screen: not in the middle of a streamed word
+        end_streamed_line()
     print(f"note: {sentence}", file=sys.stderr, flush=True)
 
 

@@ -85,6 +85,18 @@ def json_line(event: dict[str, Any]) -> str:
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", line)
 
 
+_streaming_line: EventRenderer | None = None
+"""The renderer whose streamed tokens left their line open, if any."""
+
+
+def end_streamed_line() -> None:
+    """End the line streamed tokens left open, so that a note printed now
+    (a missing worker, a lost server) starts a line of its own instead of
+    cutting a word of the answer in two."""
+    if _streaming_line is not None:
+        _streaming_line.end_line()
+
+
 class EventRenderer:
     """Prints events as they arrive: tokens inline as they stream, thinking
     dimmed, tool calls with their progress and results, retries and errors
@@ -139,9 +151,12 @@ class EventRenderer:
 
     def end_line(self) -> None:
         """Finish a line left open by streamed tokens."""
+        global _streaming_line
         if self._line_open:
             self._console.print()
             self._line_open = False
+        if _streaming_line is self:
+            _streaming_line = None
 
     # --- event handlers ----------------------------------------------------
 
@@ -230,8 +245,10 @@ class EventRenderer:
         """Print tokens where the cursor is; the terminal wraps them."""
         if not text:
             return
+        global _streaming_line
         self._console.print(Text(text, style=style), end="", soft_wrap=True)
         self._line_open = not text.endswith("\n")
+        _streaming_line = self if self._line_open else None
         self._streamed = True
 
     def _note(self, text: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from console.render import EventRenderer, json_line
+from console.render import EventRenderer, end_streamed_line, json_line
 from tests.test_console import assistant, user
 
 watch_module = importlib.import_module("console.watch")  # `console.watch` the name is the function
@@ -537,3 +537,19 @@ def test_a_chat_note_quoting_what_others_sent_cannot_drive_the_terminal() -> Non
 
     assert "Refused: c1" in screen.getvalue()
     assert "\x1b[2J" not in screen.getvalue() and "\x1b]" not in screen.getvalue()
+
+
+def test_a_note_printed_while_tokens_stream_starts_a_line_of_its_own() -> None:
+    """``starter.py run`` printed a note (a missing worker, a lost server)
+    where the cursor was: "Slow slow snote: ..." (a README audit). The
+    streamed line is ended first, once: a second note adds no blank line."""
+    out = io.StringIO()
+    renderer = EventRenderer(Console(file=out, width=5000, force_terminal=False))
+    for event in (start(assistant("stop")), delta("text_start", ""), delta("text_delta", "Slow slow s")):
+        renderer.render(event)
+    end_streamed_line()
+    out.write("note: waiting\n")  # as stderr would, on the same screen
+    end_streamed_line()
+    renderer.render(delta("text_delta", "low"))
+    renderer.end_line()
+    assert out.getvalue() == "Slow slow s\nnote: waiting\nlow\n"
