@@ -1,6 +1,6 @@
 """The agent worker: runs ``AgentWorkflow`` and its activities.
 
-    python worker.py [--tools pkg.module ...]
+    python worker.py [--tools pkg.module[,pkg.other]] [--tools ...]
 
 Configured by the environment (read once, into ``runtime.settings.Settings``):
 TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_TASK_QUEUE, AGENT_TOOLS
@@ -39,7 +39,7 @@ from runtime import payload_walk
 from runtime.connect import ServerUnreachable, connect
 from runtime.payloads import blob_store, probe_s3_storage
 from runtime.sandbox import workflow_runner
-from runtime.settings import Settings, SettingsError
+from runtime.settings import Settings, SettingsError, comma_separated
 from runtime.telemetry import metrics_runtime, tracing_interceptors
 from workflows.agent import AgentWorkflow
 from workflows.bindings import BindingsInterceptor, WorkflowBindings
@@ -271,7 +271,11 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--tools", action="append", default=[], metavar="MODULE", help="tool module to load (repeatable)"
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE[,MODULE]",
+        help="tool modules to load (comma-separated, as AGENT_TOOLS; repeatable)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -282,12 +286,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         parser.error(f"--metrics-port must be a port number (1-65535), not {args.metrics_port}")
+    flagged = [name for flag in args.tools for name in comma_separated(flag)]  # a comma list each
     code = 0
     try:
         settings = Settings.from_env()
         settings = replace(
             settings,
-            tool_modules=(*settings.tool_modules, *args.tools),  # flags add to AGENT_TOOLS
+            tool_modules=(*settings.tool_modules, *flagged),  # flags add to AGENT_TOOLS
             metrics_port=settings.metrics_port if args.metrics_port is None else args.metrics_port,
         )
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")

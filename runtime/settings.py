@@ -161,8 +161,8 @@ class Settings:
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
             llm_read_timeout=_number(env, "AGENT_LLM_READ_TIMEOUT", 60.0, positive=True, maximum=86_400),
-            tool_modules=tuple(_names(text("AGENT_TOOLS"))),
-            local_tools=frozenset(_names(text("AGENT_LOCAL_TOOLS"))),
+            tool_modules=tuple(comma_separated(text("AGENT_TOOLS"))),
+            local_tools=frozenset(comma_separated(text("AGENT_LOCAL_TOOLS"))),
             tool_output_cap=int(_number(env, "AGENT_TOOL_OUTPUT_CAP", 50_000, whole=True)),
             tool_output_dir=path("AGENT_TOOL_OUTPUT_DIR", data_dir / "tool-output"),
             workspace=path("AGENT_WORKSPACE", Path.cwd()),
@@ -206,7 +206,9 @@ class Settings:
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",
             otel_endpoint=text("OTEL_EXPORTER_OTLP_ENDPOINT"),
             codec_token=text("AGENT_CODEC_TOKEN"),
-            codec_cors_origins=tuple(o.rstrip("/") for o in _names(text("AGENT_CODEC_CORS_ORIGINS"))),
+            codec_cors_origins=tuple(
+                origin.rstrip("/") for origin in comma_separated(text("AGENT_CODEC_CORS_ORIGINS"))
+            ),
             aws_endpoint_url=text("AWS_ENDPOINT_URL"),
             aws_region=text("AWS_REGION"),
             aws_secret_access_key=text("AWS_SECRET_ACCESS_KEY"),
@@ -342,7 +344,8 @@ def _unwritable(path: Path) -> str | None:
     return None
 
 
-def _names(raw: str | None) -> list[str]:
+def comma_separated(raw: str | None) -> list[str]:
+    """The names of a comma-separated setting, blanks dropped."""
     return [name.strip() for name in (raw or "").split(",") if name.strip()]
 
 

@@ -710,6 +710,18 @@ async def test_tools_flags_add_to_agent_tools_rather_than_replace_them(tmp_path:
     assert err.startswith("error: Cannot load tool module 'no_such_env_tools': "), err
 
 
+async def test_a_tools_flag_takes_a_comma_list_as_agent_tools_does(tmp_path: Path) -> None:
+    """``--tools a,b`` was read as one module named "a,b" ("No module named
+    'my_pkg.tools,my_pkg'", a README audit); AGENT_TOOLS takes a comma list.
+    Here the second module of the list is the one that fails to load."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {"TEMPORAL_ADDRESS": "127.0.0.1:1", "AGENT_WORKSPACE": str(workspace)}
+    code, _, err = await run_worker_py(["--tools", "tests.support.tools, no_such_flag_tools"], env, tmp_path)
+    assert code == 2
+    assert err.startswith("error: Cannot load tool module 'no_such_flag_tools': "), err
+
+
 async def test_a_model_error_echoing_the_codec_token_is_stored_without_it(
     stack: Stack, worker_env: dict[str, str]
 ) -> None:
