@@ -34,7 +34,9 @@ from typing import Any, ClassVar
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
-from temporalio.api.enums.v1 import PendingActivityState, PendingWorkflowTaskState
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import PendingActivityState, PendingWorkflowTaskState, WorkflowTaskFailedCause
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -365,6 +367,9 @@ class Conversation:
                 aborted = (
                     err.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task" in str(err).lower()
                 )
+                if aborted and failures >= MAX_RETRIES and _task_failing(err):
+                    sentence = await self._failing_task_sentence(f"cannot take `{name}` now")
+                    raise Refused(sentence) from err
                 if not aborted or failures >= MAX_RETRIES:
                     raise
                 await asyncio.sleep(_backoff(failures))
@@ -701,6 +706,46 @@ class Conversation:
             if note is not None:
                 note.cancel()
 
+    async def _failing_task_sentence(self, what: str) -> str:
+        """Why the conversation's workflow task fails, in one sentence: the
+        server's raw "Workflow Task in failed state" said nothing of what to
+        do (a README audit: a worker without the hooks the conversation ran
+        with replayed it differently, and the sentence blamed a blocking tool)."""
+        cause, message = await self._last_task_failure()
+        if cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR:
+            return (
+                f"Conversation {self.id} {what}: a worker replays its history differently from how it "
+                "ran (nondeterminism). Every worker on its task queue must run the same workflow code, tool "
+                "modules and hooks: start the workers it ran on again, or stop the one that differs; it "
+                "goes on then."
+            )
+        why = f": {message.rstrip('.')}" if message else " (the worker's log says why)"
+        return (
+            f"Conversation {self.id} {what}: its workflow task is failing{why}. A tool that blocks "
+            "the worker's event loop, or a hook past the 2 s deadlock limit, does this. Ask again once "
+            "it is fixed."
+        )
+
+    async def _last_task_failure(self) -> tuple[int | None, str]:
+        """The cause and first line of the last WorkflowTaskFailed event in
+        the last events of the history, read from its end."""
+        try:
+            response = await self.client.workflow_service.get_workflow_execution_history_reverse(
+                GetWorkflowExecutionHistoryReverseRequest(
+                    namespace=self.client.namespace,
+                    execution=WorkflowExecution(workflow_id=self.id),
+                    maximum_page_size=50,
+                ),
+                timeout=_ENDING_TIMEOUT,
+            )
+        except Exception:
+            return None, ""
+        for event in response.history.events:
+            if event.HasField("workflow_task_failed_event_attributes"):
+                failed = event.workflow_task_failed_event_attributes
+                return failed.cause, " ".join(failed.failure.message.split("\n")[0].split())[:300]
+        return None, ""
+
     async def _query_again(self, name: str, result_type: Any) -> Any:
         failures = 0
         while True:
@@ -709,11 +754,7 @@ class Conversation:
             except RPCError as err:
                 failing = _task_failing(err)
                 if failing and failures >= _FAILING_TASK_RETRIES:
-                    raise Refused(
-                        f"Conversation {self.id} cannot answer now: its workflow task is failing (the "
-                        "worker's log says why; a tool that blocks the worker's event loop does this). "
-                        "Ask again once it is fixed."
-                    ) from err
+                    raise Refused(await self._failing_task_sentence("cannot answer now")) from err
                 if not (failing or err.status == RPCStatusCode.RESOURCE_EXHAUSTED) or failures >= MAX_RETRIES:
                     raise
                 await asyncio.sleep(_backoff(failures))

@@ -952,3 +952,38 @@ async def test_a_start_with_settings_the_converter_makes_json_is_not_refused(sta
     chat = await stack.conversation(tools={"calculator"}, prompt="hi")
 
     assert (await chat.state()).tools == ["calculator"]
+
+
+@pytest.mark.expect_task_failures  # a worker without the hooks fails to replay, on purpose
+async def test_a_conversation_a_worker_replays_differently_is_refused_with_what_to_do(
+    stack: Stack, worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation run by a worker with hooks, then sent a prompt when
+    only a worker without them ran: its workflow task failed on
+    nondeterminism, ``prompt`` said the server's raw "Workflow Task in
+    failed state" and ``state`` blamed a blocking tool (a README audit)."""
+    import client as client_module
+    from tests.support.guarded_hooks import GuardedHooks
+    from worker import build_worker
+
+    monkeypatch.setattr(client_module, "_backoff", lambda failures: 0.05)  # the same answers, sooner
+    retries = client_module.MAX_RETRIES
+    monkeypatch.setattr(client_module, "MAX_RETRIES", 2)  # each try of the update waits ~1 s
+    queue = f"hooks-gone-{uuid.uuid4().hex[:6]}"
+    settings = Settings.from_env(worker_env, task_queue=queue)
+    stack.script({"tool_calls": [{"id": "x1", "name": "explode", "arguments": {}}]}, {"text": "blocked"})
+    async with build_worker(stack.client, settings, hooks=GuardedHooks()):  # blocks `explode`
+        conversation = await Conversation.start(stack.client, settings, model=stack.model)
+        assert (await conversation.prompt("explode"))[-1].text == "blocked"
+    async with build_worker(stack.client, settings):  # replays the call as run, not blocked
+        with pytest.raises(Refused) as refused:
+            await conversation.prompt("again")
+        assert str(refused.value).startswith(
+            f"Conversation {conversation.id} cannot take `prompt` now: a worker replays its history "
+            "differently from how it ran (nondeterminism). Every worker on its task queue must run the "
+            "same workflow code, tool modules and hooks"
+        ), refused.value
+        monkeypatch.setattr(client_module, "MAX_RETRIES", retries)
+        with pytest.raises(Refused, match=r"cannot answer now: a worker replays its history differently"):
+            await conversation.state()
+    await conversation.handle.terminate("test over")
