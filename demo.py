@@ -165,12 +165,18 @@ async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
         console.print()
         if failure is not None:
             console.print(f"[bold red]The demo failed: the model call failed ({failure}).[/]")
-        console.print(f"[bold]See every step in the Temporal UI:[/] {settings.workflow_url(workflow_id)}")
+        # soft_wrap: a link or command cut at the terminal's width (or at 80
+        # columns when piped) cannot be copied (a README audit).
+        link = settings.workflow_url(workflow_id)
+        console.print(f"[bold]See every step in the Temporal UI:[/] {link}", soft_wrap=True)
         if server.codec is not None:
             console.print(
                 f"[dim]or from the CLI: temporal workflow query --address {server.address} "
-                f"--workflow-id {workflow_id} --type messages --codec-endpoint {server.codec.url}[/]"
+                f"--workflow-id {workflow_id} --type messages --codec-endpoint {server.codec.url}[/]",
+                soft_wrap=True,
             )
+        if not sys.stdin.isatty():
+            console.print("[dim](input is not a terminal: the servers stop now, and the link with them)[/]")
         code = 0 if failure is None else 1
         if outcome is not None:
             outcome[0] = code

@@ -340,6 +340,20 @@ async def test_ends_with_the_ui_link_and_the_cli_query(fake_demo: Demo) -> None:
     ) in text
 
 
+async def test_the_ui_link_and_the_cli_query_are_not_cut_at_the_terminals_width(fake_demo: Demo) -> None:
+    """Printed at 80 columns (the width when piped), the link and the
+    command were cut in two, so neither could be copied (a README audit)."""
+    fake_demo.console.width = 80
+    await fake_demo.run()
+    conversation = FakeConversation.last
+    assert conversation is not None
+    lines = fake_demo.text.splitlines()
+    assert any(conversation.kwargs["settings"].workflow_url(conversation.id) in line for line in lines)
+    (query,) = [line for line in lines if line.startswith("or from the CLI: ")]
+    codec = fake_demo.server.codec
+    assert codec is not None and query.endswith(f"--codec-endpoint {codec.url}")
+
+
 async def test_renders_every_event_up_to_agent_end(fake_demo: Demo) -> None:
     """The user sees the whole conversation: every event is rendered, through agent_end."""
     await fake_demo.run()
