@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 import activities.builtin_tools  # noqa: F401  (registers the example tools)
 import tests.support.tools  # noqa: F401  (registers the test tools)
@@ -219,6 +219,14 @@ async def test_a_failing_stop_hook_ends_the_run_and_the_next_prompt_works(
     assert result.messages[-1].text == "recovered"
 
 
+async def _start(client: Client, queue: str, model: str, kind: str) -> WorkflowHandle[Any, Any]:
+    """A conversation on ``queue`` whose first prompt is "first"."""
+    workflow_id = f"{kind}-{uuid.uuid4().hex[:8]}"
+    return await client.start_workflow(
+        "AgentWorkflow", {"model": model, "prompt": "first"}, id=workflow_id, task_queue=queue
+    )
+
+
 def _pruned(messages: list[AgentMessage]) -> list[AgentMessage]:
     """A context transform: the model sees only the last user message."""
     last = [m for m in messages if isinstance(m, UserMessage)][-1:]
@@ -238,12 +246,7 @@ async def test_the_context_transform_shapes_each_model_call_and_its_failure_ends
     model_server.script(model, [{"text": "one"}, {"text": "two"}, {"text": "three"}])
     settings = Settings.from_env(worker_env, task_queue=queue)
     async with build_worker(client, settings, transform_context=_pruned):
-        handle = await client.start_workflow(
-            "AgentWorkflow",
-            {"model": model, "prompt": "first"},
-            id=f"transform-{uuid.uuid4().hex[:8]}",
-            task_queue=queue,
-        )
+        handle = await _start(client, queue, model, "transform")
         await handle.execute_update("wait_for_idle")
         await handle.execute_update("prompt", "second")
         await handle.execute_update("wait_for_idle")
@@ -283,12 +286,7 @@ async def test_a_context_transform_may_await_past_the_heartbeat_timeout(
     model_server.script(model, [{"text": "worth the wait"}])
     settings = Settings.from_env(worker_env, task_queue=queue)
     async with build_worker(client, settings, transform_context=_slow_transform):
-        handle = await client.start_workflow(
-            "AgentWorkflow",
-            {"model": model, "prompt": "first"},
-            id=f"slow-transform-{uuid.uuid4().hex[:8]}",
-            task_queue=queue,
-        )
+        handle = await _start(client, queue, model, "slow-transform")
         idle = await handle.execute_update("wait_for_idle", result_type=dict)
         assert idle["stopReason"] == "stop"
         assert idle["messages"][-1]["content"][0]["text"] == "worth the wait"
