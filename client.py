@@ -911,20 +911,27 @@ _COST = SearchAttributeKey.for_float("AgentCost")
 
 
 # How ``list_conversations`` shows a conversation that ended without closing
-# (keyed by the execution's status, which the server may leave out: None).
-_LISTED_ENDINGS: dict[WorkflowExecutionStatus | None, str | None] = {
-    WorkflowExecutionStatus.FAILED: "failed",
-    WorkflowExecutionStatus.TERMINATED: "terminated",
-    WorkflowExecutionStatus.TIMED_OUT: "timed-out",
-    WorkflowExecutionStatus.CANCELED: "cancelled",
+# (keyed by the execution's status, which the server may leave out: None),
+# and the name of that status in a visibility query (to filter by it).
+_LISTED_AS: dict[WorkflowExecutionStatus, tuple[str, str]] = {
+    WorkflowExecutionStatus.FAILED: ("failed", "Failed"),
+    WorkflowExecutionStatus.TERMINATED: ("terminated", "Terminated"),
+    WorkflowExecutionStatus.TIMED_OUT: ("timed-out", "TimedOut"),
+    WorkflowExecutionStatus.CANCELED: ("cancelled", "Canceled"),
 }
+_LISTED_ENDINGS: dict[WorkflowExecutionStatus | None, str | None] = {
+    status: listed for status, (listed, _) in _LISTED_AS.items()
+}
+_ENDING_STATUSES: dict[str, str] = dict(_LISTED_AS.values())
+LISTED_STATUSES = ("idle", "running", "awaiting-approval", "closed", *_ENDING_STATUSES)
 
 
 async def list_conversations(
     client: Client, *, status: str | None = None, model: str | None = None, limit: int = 50
 ) -> AsyncIterator[ConversationSummary]:
     """Conversations with ``status`` (``idle``, ``running``,
-    ``awaiting-approval``, ``closed``) and ``model`` when given, in the
+    ``awaiting-approval``, ``closed``, or how one ended without closing:
+    ``failed``, ``terminated``, ``timed-out``, ``cancelled``) and ``model`` when given, in the
     server's order: running ones first, newest first, then ended ones, the
     last to end first (a SQL visibility store takes no ``ORDER BY``). The
     list is the server's visibility store: it may lag a second behind.
@@ -934,7 +941,10 @@ async def list_conversations(
     without closing has the status of its end (``failed``, ``terminated``,
     ``timed-out``, ``cancelled``): its ``AgentStatus`` is where it stopped."""
     clauses = [f"WorkflowType = {_quoted(WORKFLOW_TYPE)}", "ExecutionStatus != 'ContinuedAsNew'"]
-    if status is not None:
+    ending = _ENDING_STATUSES.get(status or "")
+    if ending is not None:  # ended without closing: by the execution's status, whatever AgentStatus says
+        clauses.append(f"ExecutionStatus = '{ending}'")
+    elif status is not None:
         clauses.append(f"AgentStatus = {_quoted(status)}")
         clauses.append("ExecutionStatus = " + ("'Completed'" if status == "closed" else "'Running'"))
     if model is not None:

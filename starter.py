@@ -40,7 +40,15 @@ from temporalio.exceptions import ApplicationError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 
-from client import AgentMessage, Conversation, PromptResult, Refused, StoppedWaiting, list_conversations
+from client import (
+    LISTED_STATUSES,
+    AgentMessage,
+    Conversation,
+    PromptResult,
+    Refused,
+    StoppedWaiting,
+    list_conversations,
+)
 from console import EventRenderer, approval_hint, chat, skipped_note, watch
 from console.render import end_streamed_line, terminal_safe
 from runtime.connect import ServerUnreachable, connect
@@ -367,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser(
         "list", help="the conversations: running ones newest first, then ended ones by when they ended"
     )
-    listing.add_argument("--status", choices=["idle", "running", "awaiting-approval", "closed"])
+    listing.add_argument("--status", choices=LISTED_STATUSES)
     listing.add_argument("--model")
     listing.add_argument("--limit", type=_count, default=50)
     approve = commands.add_parser("approve", help="decide a tool call that waits for approval")

@@ -900,6 +900,25 @@ async def test_list_finds_a_model_whose_name_has_a_quote(stack: Stack) -> None:
     assert [found.id async for found in list_conversations(stack.client, model=widened)] == []
 
 
+async def test_list_filters_conversations_that_ended_without_closing(stack: Stack) -> None:
+    """``--status terminated`` finds a terminated conversation on a real
+    visibility store (the execution's status, not AgentStatus)."""
+    conversation = await stack.conversation()
+    await conversation.handle.terminate("over")
+
+    async def listed(status: str) -> dict[str, str | None]:
+        found = list_conversations(stack.client, status=status, limit=1000)
+        return {summary.id: summary.status async for summary in found}
+
+    for _ in range(100):  # the visibility store lags a little
+        if conversation.id in await listed("terminated"):
+            break
+        await asyncio.sleep(0.1)
+    assert (await listed("terminated"))[conversation.id] == "terminated"
+    assert conversation.id not in await listed("failed")
+    assert conversation.id not in await listed("idle")
+
+
 @pytest.mark.parametrize(
     ("options", "said"),
     [

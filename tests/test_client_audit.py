@@ -426,6 +426,29 @@ async def test_listing_closed_conversations_asks_for_completed_runs_and_other_st
     assert "AgentStatus = 'idle' AND ExecutionStatus = 'Running'" in lister.queries[1]
 
 
+@pytest.mark.parametrize(
+    ("status", "execution_status"),
+    [
+        ("failed", "Failed"),
+        ("terminated", "Terminated"),
+        ("timed-out", "TimedOut"),
+        ("cancelled", "Canceled"),
+    ],
+)
+async def test_listing_conversations_that_ended_without_closing_asks_for_their_execution_status(
+    status: str, execution_status: str
+) -> None:
+    """``list`` shows a conversation that failed or was terminated as
+    ``failed`` / ``terminated``, but ``--status`` took only idle, running,
+    awaiting-approval and closed, so those rows could not be filtered (a
+    README audit). Their ``AgentStatus`` is where they stopped: the filter
+    is the execution's status."""
+    lister = Lister()
+    await listed(lister, status=status)
+    assert lister.queries[0].endswith(f"AND ExecutionStatus = '{execution_status}'")
+    assert "AgentStatus" not in lister.queries[0]
+
+
 async def test_a_model_filter_quotes_backslashes() -> None:
     """A model name with a backslash is matched as written, not read as an escape."""
     lister = Lister()
