@@ -368,7 +368,9 @@ class Conversation:
                     err.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task" in str(err).lower()
                 )
                 if aborted and failures >= MAX_RETRIES and _task_failing(err):
-                    sentence = await self._failing_task_sentence(f"cannot take `{name}` now")
+                    sentence = await self._failing_task_sentence(
+                        f"cannot take `{name}` now", f" (`{name}` was not taken: send it again then)"
+                    )
                     raise Refused(sentence) from err
                 if not aborted or failures >= MAX_RETRIES:
                     raise
@@ -452,12 +454,22 @@ class Conversation:
         so did a query: ``chat`` attached to such a conversation said
         nothing for 30 s, then "Timeout expired")."""
         await asyncio.sleep(UPDATE_NOTE_AFTER)
-        name_of_queue = await self._task_queue_name()
+        described = await self._described()
+        name_of_queue = described.task_queue if described is not None else None
         task_queue = repr(name_of_queue) if name_of_queue is not None else "its task queue"
+        attempt = described.raw_description.pending_workflow_task.attempt if described is not None else 0
         say = Conversation.on_slow_update
         if say is None:
             return
-        if query:
+        if attempt > 1:
+            # Not "is one running?": one is, and fails the conversation's
+            # workflow task (a README audit: a worker without its hooks).
+            sentence = (
+                f"{name} has waited {UPDATE_NOTE_AFTER:g} s: the conversation's workflow task is failing on "
+                f"the worker (attempt {attempt}), and nothing is taken until it passes; why follows if it "
+                "goes on failing."
+            )
+        elif query:
             sentence = (
                 f"{name} has waited {UPDATE_NOTE_AFTER:g} s for a worker on {task_queue} to answer it: "
                 "is one running?"
@@ -472,8 +484,13 @@ class Conversation:
 
     async def _task_queue_name(self) -> str | None:
         """The conversation's task queue; None when the server does not say."""
+        described = await self._described()
+        return described.task_queue if described is not None else None
+
+    async def _described(self) -> WorkflowExecutionDescription | None:
+        """The conversation's description; None when the server does not say."""
         try:
-            return (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).task_queue
+            return await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)
         except Exception:
             return None
 
@@ -706,24 +723,25 @@ class Conversation:
             if note is not None:
                 note.cancel()
 
-    async def _failing_task_sentence(self, what: str) -> str:
+    async def _failing_task_sentence(self, what: str, resend: str = "") -> str:
         """Why the conversation's workflow task fails, in one sentence: the
         server's raw "Workflow Task in failed state" said nothing of what to
         do (a README audit: a worker without the hooks the conversation ran
-        with replayed it differently, and the sentence blamed a blocking tool)."""
+        with replayed it differently, and the sentence blamed a blocking tool).
+        ``resend`` ends it for a request that was not taken."""
         cause, message = await self._last_task_failure()
         if cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR:
             return (
                 f"Conversation {self.id} {what}: a worker replays its history differently from how it "
                 "ran (nondeterminism). Every worker on its task queue must run the same workflow code, tool "
                 "modules and hooks: start the workers it ran on again, or stop the one that differs; it "
-                "goes on then."
+                f"goes on then{resend}."
             )
         why = f": {message.rstrip('.')}" if message else " (the worker's log says why)"
         return (
             f"Conversation {self.id} {what}: its workflow task is failing{why}. A tool that blocks "
             "the worker's event loop, or a hook past the 2 s deadlock limit, does this. Ask again once "
-            "it is fixed."
+            f"it is fixed{resend}."
         )
 
     async def _last_task_failure(self) -> tuple[int | None, str]:

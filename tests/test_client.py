@@ -994,9 +994,16 @@ async def test_a_conversation_a_worker_replays_differently_is_refused_with_what_
     async with build_worker(stack.client, settings, hooks=GuardedHooks()):  # blocks `explode`
         conversation = await Conversation.start(stack.client, settings, model=stack.model)
         assert (await conversation.prompt("explode"))[-1].text == "blocked"
+    notes: list[str] = []
+    monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
     async with build_worker(stack.client, settings):  # replays the call as run, not blocked
         with pytest.raises(Refused) as refused:
             await conversation.prompt("again")
+        assert str(refused.value).endswith("(`prompt` was not taken: send it again then).")
+        # The note while it waited: not "is one running?" (one was).
+        assert len(notes) == 1 and notes[0].startswith(
+            "prompt has waited 5 s: the conversation's workflow task is failing on the worker (attempt "
+        ), notes
         assert str(refused.value).startswith(
             f"Conversation {conversation.id} cannot take `prompt` now: a worker replays its history "
             "differently from how it ran (nondeterminism). Every worker on its task queue must run the "

@@ -110,6 +110,13 @@ async def test_a_wait_for_idle_the_server_stops_answering_says_ask_again() -> No
         await bare_conversation(fake).wait_for_idle()
 
 
+def described_on(task_queue: str, *, task_attempt: int = 1) -> SimpleNamespace:
+    """What ``describe`` answers for a running conversation on ``task_queue``
+    whose next workflow task is at ``task_attempt`` (past 1: failing)."""
+    task = SimpleNamespace(attempt=task_attempt)
+    return SimpleNamespace(task_queue=task_queue, raw_description=SimpleNamespace(pending_workflow_task=task))
+
+
 def slow_updates(monkeypatch: pytest.MonkeyPatch, answer: Any) -> tuple[Conversation, list[str]]:
     """A conversation whose updates are answered with ``answer`` after 0.2 s,
     slow notes due at once; the notes said."""
@@ -117,7 +124,7 @@ def slow_updates(monkeypatch: pytest.MonkeyPatch, answer: Any) -> tuple[Conversa
     notes: list[str] = []
     monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
     fake = FakeClient()
-    fake.handle.describe_as = SimpleNamespace(task_queue="agent")
+    fake.handle.describe_as = described_on("agent")
 
     async def execute_update(name: str, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.2)
@@ -144,6 +151,21 @@ async def test_a_slow_update_is_noted_once_saying_it_is_kept(monkeypatch: pytest
     ]
 
 
+async def test_a_slow_update_to_a_conversation_whose_workflow_task_fails_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker runs but fails the conversation's workflow task (a README
+    audit: a worker without its hooks): the note asked "is one running?"
+    and said the request applies later, which it did not."""
+    conversation, notes = slow_updates(monkeypatch, PromptResult(run=1, event_offset=0))
+    conversation.handle.describe_as = described_on("agent", task_attempt=3)  # type: ignore[attr-defined]
+    await conversation.send_prompt("hi")
+    assert notes == [
+        "prompt has waited 0 s: the conversation's workflow task is failing on the worker (attempt 3), and "
+        "nothing is taken until it passes; why follows if it goes on failing."
+    ]
+
+
 async def test_a_failing_slow_note_callback_does_not_fail_the_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -155,7 +177,7 @@ async def test_a_failing_slow_note_callback_does_not_fail_the_request(
 
     monkeypatch.setattr(Conversation, "on_slow_update", broken)
     fake = FakeClient()
-    fake.handle.describe_as = SimpleNamespace(task_queue="agent")
+    fake.handle.describe_as = described_on("agent")
     await bare_conversation(fake)._note_when_slow("prompt")  # raises nothing
 
 
@@ -307,7 +329,7 @@ async def test_a_query_cancelled_by_the_server_says_no_worker_answered() -> None
     """A query the server gave up (CANCELLED) is the sentence naming the task queue, not a raw RPC error."""
     fake = FakeClient()
     fake.handle.query_as = RPCError("cancelled", RPCStatusCode.CANCELLED, b"")
-    fake.handle.describe_as = SimpleNamespace(task_queue="agent")
+    fake.handle.describe_as = described_on("agent")
     with pytest.raises(Refused, match=r"did not answer `state` within 30 s: no worker on task queue 'agent'"):
         await bare_conversation(fake)._query("state", dict)
 
