@@ -42,9 +42,11 @@ from typing import Any
 from bench.peers import throughput
 from bench.peers.measure import (
     ACTION_KINDS,
+    CPU_HEADER,
     SERVER_ACTIONS,
     CpuMeter,
     History,
+    cpu_cells,
     fetch_history,
     median_and_middle_half,
     server_actions,
@@ -391,20 +393,18 @@ def parse_variant(items: list[str]) -> dict[str, str]:
 def print_table(summary: dict[str, Any]) -> None:
     print(f"K={summary['rounds']} rounds of two parallel tool calls, medians of {summary['runs']} runs")
     print(
-        f"{'row':28} {'ms/turn':>8} {'x base':>6} | {'CPU ms/turn: server':>19} {'worker':>6} {'client':>6} "
-        f"{'model':>5} | {'hist B/turn':>11} {'ev/turn':>7} {'actions/turn':>12}"
+        f"{'row':28} {'ms/turn':>8} {'x base':>6} | {CPU_HEADER} | {'hist B/turn':>11} {'ev/turn':>7} "
+        f"{'actions/turn':>12}"
     )
     for row in summary["rows"].values():
         if "ms_per_turn" not in row:
             print(f"{row['name']:28} failed: {row['errors'][:1]}")
             continue
-        cpu = row["cpu_ms_per_turn"]
         ratio = row["ratio_to_baseline"] if row["ratio_to_baseline"] is not None else "-"
         hist_bytes, events = row.get("history_bytes_per_turn", "-"), row.get("history_events_per_turn", "-")
         print(
-            f"{row['name']:28} {row['ms_per_turn']:>8} {ratio:>6} | {cpu['dev server']:>19} "
-            f"{cpu['worker']:>6} {cpu['client']:>6} {cpu['model server']:>5} | {hist_bytes:>11} "
-            f"{events:>7} {row.get('actions_per_turn', '-'):>12}"
+            f"{row['name']:28} {row['ms_per_turn']:>8} {ratio:>6} | {cpu_cells(row['cpu_ms_per_turn'])} | "
+            f"{hist_bytes:>11} {events:>7} {row.get('actions_per_turn', '-'):>12}"
         )
     paired = {
         row["name"]: row["to_floor_by_round"]

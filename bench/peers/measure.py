@@ -104,6 +104,18 @@ def median_and_middle_half(values: list[float]) -> tuple[float | None, list[floa
     return median, [round(first, 2), round(third, 2)]
 
 
+CPU_HEADER = f"{'CPU ms/turn: server':>19} {'worker':>6} {'client':>6} {'model':>5}"
+"""The CPU columns of both ``bench.peers`` tables (``cpu_cells``)."""
+
+
+def cpu_cells(cpu: dict[str, float]) -> str:
+    """A row's CPU ms per turn by process, under ``CPU_HEADER`` ("-": not measured)."""
+    return (
+        f"{cpu.get('dev server', '-'):>19} {cpu.get('worker', '-'):>6} {cpu.get('client', '-'):>6} "
+        f"{cpu.get('model server', '-'):>5}"
+    )
+
+
 @dataclass
 class CpuMeter:
     """CPU of the benchmark's processes, read before and after a conversation:

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.peers.measure import CpuMeter, median_and_middle_half
+from bench.peers.measure import CPU_HEADER, CpuMeter, cpu_cells, median_and_middle_half
 from bench.peers.rows import Row, Stack
 from bench.peers.scenario import steps
 
@@ -141,22 +141,17 @@ def print_table(summary: dict[str, Any]) -> None:
         f"{summary['concurrency']} conversations at once per row, K={summary['rounds']} rounds, "
         f"{summary['latency_ms']} ms of model latency per step, medians of {summary['runs']} runs"
     )
-    print(
-        f"{'row':28} {'turns/s':>8} {'x floor':>16} {'failed':>6} | {'CPU ms/turn: server':>19} "
-        f"{'worker':>6} {'client':>6} {'model':>5} | {'cores busy':>10}"
-    )
+    print(f"{'row':28} {'turns/s':>8} {'x floor':>16} {'failed':>6} | {CPU_HEADER} | {'cores busy':>10}")
     for row in summary["rows"].values():
         if "turns_per_second" not in row:
             print(f"{row['name']:28} no figures")
             continue
-        cpu = row["cpu_ms_per_turn"]
         ratio = row.get("turns_per_second_to_floor", "-")
         spread = row.get("turns_per_second_to_floor_spread")
         cell = f"{ratio} ({spread[0]}-{spread[1]})" if spread else str(ratio)
         print(
             f"{row['name']:28} {row['turns_per_second']:>8} {cell:>16} {row['failed']:>6} | "
-            f"{cpu.get('dev server', '-'):>19} {cpu.get('worker', '-'):>6} {cpu.get('client', '-'):>6} "
-            f"{cpu.get('model server', '-'):>5} | {row['cores_busy']:>5} of {row['cores']}"
+            f"{cpu_cells(row['cpu_ms_per_turn'])} | {row['cores_busy']:>5} of {row['cores']}"
         )
         for error in row["errors"]:
             print(f"  failed: {error}")
