@@ -31,6 +31,7 @@ from tests.test_follow import (
     activity,
     ago,
     bare_conversation,
+    described_on,
     item,
     scripted_reads,
     waiting_sentence,
@@ -108,13 +109,6 @@ async def test_a_wait_for_idle_the_server_stops_answering_says_ask_again() -> No
     fake.handle.execute_update = execute_update  # type: ignore[attr-defined]
     with pytest.raises(Refused, match=r"^Conversation chat-x did not answer wait_for_idle: ask again\.$"):
         await bare_conversation(fake).wait_for_idle()
-
-
-def described_on(task_queue: str, *, task_attempt: int = 1) -> SimpleNamespace:
-    """What ``describe`` answers for a running conversation on ``task_queue``
-    whose next workflow task is at ``task_attempt`` (past 1: failing)."""
-    task = SimpleNamespace(attempt=task_attempt)
-    return SimpleNamespace(task_queue=task_queue, raw_description=SimpleNamespace(pending_workflow_task=task))
 
 
 def slow_updates(monkeypatch: pytest.MonkeyPatch, answer: Any) -> tuple[Conversation, list[str]]:

@@ -458,6 +458,13 @@ async def test_a_workflows_end_is_acknowledged_from_the_last_event_read() -> Non
 # --- Conversation: the watchdog, queries, endings -----------------------------------------
 
 
+def described_on(task_queue: str, *, task_attempt: int = 1) -> SimpleNamespace:
+    """What ``describe`` answers for a running conversation on ``task_queue``
+    whose next workflow task is at ``task_attempt`` (past 1: failing)."""
+    task = SimpleNamespace(attempt=task_attempt)
+    return SimpleNamespace(task_queue=task_queue, raw_description=SimpleNamespace(pending_workflow_task=task))
+
+
 def bare_conversation(fake: FakeClient) -> Conversation:
     return Conversation(fake, "chat-x")  # type: ignore[arg-type]
 
@@ -633,7 +640,7 @@ async def test_a_query_no_worker_answered_in_time_says_start_one() -> None:
     """A query past its deadline is refused with the sentence naming the task queue, not a raw RPC error."""
     fake = FakeClient()
     fake.handle.query_as = RPCError("Timeout expired", RPCStatusCode.DEADLINE_EXCEEDED, b"")
-    fake.handle.describe_as = SimpleNamespace(task_queue="agent")
+    fake.handle.describe_as = described_on("agent")
     with pytest.raises(Refused, match="no worker on task queue 'agent' answered"):
         await bare_conversation(fake)._query("state", dict)
 
@@ -644,7 +651,7 @@ async def test_a_slow_query_note_says_it_waits_for_an_answer(monkeypatch: pytest
     notes: list[str] = []
     monkeypatch.setattr(Conversation, "on_slow_update", notes.append)
     fake = FakeClient()
-    fake.handle.describe_as = SimpleNamespace(task_queue="agent")
+    fake.handle.describe_as = described_on("agent")
     await bare_conversation(fake)._note_when_slow("state", query=True)
     assert notes == ["state has waited 0 s for a worker on 'agent' to answer it: is one running?"]
 
