@@ -128,6 +128,15 @@ class ChatSession:
             "/help": self._help,
         }
 
+    async def _message_count(self) -> int | None:
+        """How many messages the ended conversation holds, for the fork hint;
+        None when no worker answers soon (the hint goes without it)."""
+        try:
+            async with asyncio.timeout(3):
+                return len(await self._conversation.messages())
+        except Exception:  # a hint, not worth a failure
+            return None
+
     async def run(self, state: SessionState | None, transcript: list[AgentMessage]) -> None:
         """Chat until the user leaves or the conversation ends."""
         ended: str | None = None
@@ -151,7 +160,9 @@ class ChatSession:
                 # How (closed, failed and why, terminated), as `watch` says it,
                 # and how to go on: attaching again shows the same end.
                 print(terminal_safe(await self._conversation.how_it_ended()))
-                print("Go on from its first N messages in a new conversation with:")
+                count = await self._message_count()
+                of = f" (of its {count})" if count is not None else ""
+                print(f"Go on from its first N messages{of} in a new conversation with:")
                 print(f"  python starter.py fork {conversation_id} --at N")
             else:
                 if ended is not None:
