@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from temporalio.worker._workflow_instance import _WorkflowBeingEvictedError
 
 from tests.support.fake_loop import FakeAgent, calls, say, user
 from workflows.arguments import MAX_NESTING, ToolArgumentsError, validate_tool_arguments
+from workflows.calls import tool_summary
 from workflows.hooks import (
     AgentHooks,
     BlockToolCall,
@@ -969,3 +971,85 @@ async def test_the_stop_hook_sees_the_conversations_total_turns() -> None:
     await run_agent_loop([user("go")], fake.context(), replace(fake.config(), total_turns=lambda: 7))
 
     assert seen == [(1, 7)]
+
+
+class _Unsendable(AgentHooks):
+    def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> ToolResultOverride | None:
+        text = context.args["text"]
+        if text == "object":
+            return ToolResultOverride(details={"marker": object()})
+        if text == "deep":
+            deep: Any = {}
+            for _ in range(MAX_NESTING + 5):
+                deep = {"d": deep}
+            return ToolResultOverride(details=deep)
+        if text == "when":
+            return ToolResultOverride(details={"when": datetime(2026, 1, 1, tzinfo=UTC)})
+        return None
+
+
+async def test_details_an_after_hook_sets_that_no_payload_can_carry_are_the_calls_error() -> None:
+    """SPEC 8: no user-code failure may leave a workflow task failing. An
+    override whose details the converter cannot write (an object of the
+    hook's own) failed every workflow task as its `tool_execution_end` was
+    published (a parity audit); too deep, it failed at the next
+    continue-as-new. Each is now the call's error result; a datetime,
+    which the converter writes as text, is kept."""
+    fake = agent(
+        calls(
+            ("o1", "echo", {"text": "object"}),
+            ("d1", "echo", {"text": "deep"}),
+            ("w1", "echo", {"text": "when"}),
+        ),
+        say("ok"),
+    )
+    fake.hooks = _Unsendable()
+    messages = await run(fake)
+
+    results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
+    assert results["o1"].is_error and results["o1"].content[0].text.startswith(
+        "after_tool_call returned details that cannot be sent as JSON: Unable to serialize unknown type"
+    )
+    assert results["d1"].is_error and results["d1"].content[0].text == (
+        f"after_tool_call returned details nested deeper than {MAX_NESTING} levels."
+    )
+    assert not results["w1"].is_error and results["w1"].details == {"when": datetime(2026, 1, 1, tzinfo=UTC)}
+    assert messages[-1].text == "ok"
+    assert [e["type"] for e in fake.events].count("tool_execution_end") == 3
+
+
+async def test_arguments_a_shim_returns_that_no_payload_can_carry_are_the_calls_error() -> None:
+    """A `prepare_arguments` shim adding a value of its own under a key the
+    schema leaves open passed validation and failed every workflow task
+    that sent the call on (a parity audit): it is the call's error result,
+    and the tool does not run."""
+    ran: list[str] = []
+
+    async def recording(args: dict[str, Any]) -> str:
+        ran.append(args["text"])
+        return "ran"
+
+    fake = agent(calls(("s1", "t", {"text": "odd"}), ("s2", "t", {"text": "fine"})), say("ok"))
+    fake.tool("t", recording)
+
+    def shim(call: Any) -> dict[str, Any]:
+        return {**call.arguments, "extra": object()} if call.arguments["text"] == "odd" else call.arguments
+
+    context = fake.context()
+    await run_agent_loop([user("go")], context, replace(fake.config(), prepare_arguments=shim))
+
+    results = {m.tool_call_id: m for m in context.messages if m.role == "toolResult"}
+    assert results["s1"].is_error and results["s1"].content[0].text.startswith(
+        "prepare_arguments of t returned arguments that cannot be sent as JSON: "
+        "Unable to serialize unknown type"
+    )
+    assert ran == ["fine"] and not results["s2"].is_error
+
+
+def test_a_calls_summary_shows_a_shims_datetime_as_text() -> None:
+    """The UI's summary of a call (`tool: NAME k=v`) wrote its values with
+    plain `json.dumps`, which refuses a datetime a shim added: every
+    workflow task failed as it scheduled the call (a parity audit)."""
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    summary = tool_summary("stamp", {"text": "hi", "at": when})
+    assert summary == 'tool: stamp text=hi at="2026-01-01 00:00:00+00:00"'

@@ -605,10 +605,7 @@ async def test_a_chat_whose_conversation_ends_says_how_and_how_to_go_on(stack: S
         await asyncio.sleep(1)
         await stack.client.get_workflow_handle(workflow_id).terminate("by the operator")
         await expect(child, "The conversation was terminated.")
-        assert (
-            await child.expect(["Re-attach", "first N messages \\(of its 2\\)"], async_=True)
-            == 1
-        )
+        assert await child.expect(["Re-attach", "first N messages \\(of its 2\\)"], async_=True) == 1
         assert (
             await child.expect(["Re-attach", f"python starter.py fork {workflow_id} --at N"], async_=True)
             == 1

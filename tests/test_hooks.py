@@ -118,6 +118,25 @@ async def test_a_decision_whose_reason_is_not_text_is_the_calls_error_not_a_wedg
     assert result.messages[-1].text == "ok"
 
 
+async def test_details_an_after_hook_sets_that_json_cannot_carry_are_the_calls_error_not_a_wedge(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """`ToolResultOverride(details={"marker": object()})` failed every
+    workflow task of the conversation as its `tool_execution_end` was
+    written (a parity audit): it is the call's error result, and the run
+    goes on (the suite fails a test whose conversation fails a task)."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model, [{"tool_calls": [call("j1", "echo", text="details-not-json")]}, {"text": "ok"}]
+    )
+    result = await run_guarded(client, model, "go")
+    tool_result = result.messages[2]
+    assert tool_result.is_error and tool_result.content[0].text.startswith(
+        "after_tool_call returned details that cannot be sent as JSON"
+    )
+    assert result.messages[-1].text == "ok"
+
+
 async def test_hooks_changing_what_they_are_given_change_nothing(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError
 from jsonschema.exceptions import SchemaError
+from pydantic_core import to_json
 
 from workflows.models import ToolDeclaration
 
@@ -60,7 +61,7 @@ def validate_tool_arguments(tool: ToolDeclaration, arguments: dict[str, Any]) ->
         problems = "\n".join(f"  - {_location(e)}: {_message(e)}" for e in errors)
         raise ToolArgumentsError(
             f'Validation failed for tool "{tool.name}":\n{problems}\n\n'
-            f"Received arguments:\n{json.dumps(arguments, indent=2, ensure_ascii=False)}"
+            f"Received arguments:\n{json.dumps(arguments, indent=2, ensure_ascii=False, default=str)}"
         )
     for name, spec in (tool.parameters.get("properties") or {}).items():
         if name not in checked and isinstance(spec, dict) and "default" in spec:
@@ -78,6 +79,23 @@ def nesting_depth(value: Any, limit: int = MAX_NESTING, _depth: int = 0) -> int:
     if isinstance(value, list):
         return max((nesting_depth(v, limit, _depth + 1) for v in value), default=_depth + 1)
     return _depth
+
+
+def require_sendable(value: Any, what: str) -> None:
+    """``TypeError`` unless ``value`` (what user code handed the loop:
+    arguments a shim returned, details an ``after_tool_call`` set) can go
+    where the conversation sends it: JSON through the payload converter
+    (``pydantic_core.to_json``, which writes a ``datetime`` as text but
+    refuses an object it does not know), nested at most ``MAX_NESTING``
+    deep. Caught where user code is contained, it becomes the call's error
+    result; let through, every workflow task failed on it (the event
+    carrying it could not be written)."""
+    if nesting_depth(value) > MAX_NESTING:
+        raise TypeError(f"{what} nested deeper than {MAX_NESTING} levels.")
+    try:
+        to_json(value)
+    except (ValueError, TypeError, RecursionError) as err:
+        raise TypeError(f"{what} that cannot be sent as JSON: {err}") from None
 
 
 def _schema_key(schema: dict[str, Any]) -> str:

@@ -425,7 +425,8 @@ def tool_summary(name: str, args: dict[str, Any]) -> str:
     """``tool: read_file path=src/x.py`` for the Temporal UI."""
     parts = []
     for key, value in args.items():
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        # default=str: a shim's datetime reaches the tool as text, and is shown so here.
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
         parts.append(f"{key}={text if len(text) <= 40 else text[:37] + '...'}")
     summary = f"tool: {name} {' '.join(parts)}".strip()
     return summary if len(summary) <= 200 else summary[:197] + "..."

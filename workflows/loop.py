@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workflows.arguments import ToolArgumentsError, validate_tool_arguments
+from workflows.arguments import ToolArgumentsError, require_sendable, validate_tool_arguments
 from workflows.hooks import (
     AgentHooks,
     BlockToolCall,
@@ -419,6 +419,9 @@ async def _prepare(
         return error_outcome(f"The arguments of tool {call.name} are not valid JSON: {parse_error}")
     try:
         args = validate_tool_arguments(tool, config.prepare_arguments(call))
+        # A shim may add what the schema leaves open: a value no payload can
+        # carry would fail every workflow task that sends the call on.
+        require_sendable(args, f"prepare_arguments of {call.name} returned arguments")
         decision = await _hook_result(
             config,
             # A copy of the list: a hook that appends to it or clears it
@@ -507,6 +510,8 @@ async def finalize_executed_tool_call(
             raise TypeError(
                 f"after_tool_call returned {type(override).__name__}; expected ToolResultOverride or None."
             )
+        if override.details is not None:
+            require_sendable(override.details, "after_tool_call returned details")
         return ToolOutcome(
             content=outcome.content if override.content is None else _as_content(override.content),
             details=outcome.details if override.details is None else override.details,

@@ -60,6 +60,8 @@ class GuardedHooks(AgentHooks):
             if isinstance(outcome.details, dict):
                 outcome.details["edited"] = True
             return None
+        if context.args.get("text") == "details-not-json":
+            return ToolResultOverride(details={"marker": object()})
         if context.tool_call.name == "echo":
             return ToolResultOverride(content=[TextContent(text="redacted")], details={"redacted": True})
         if context.tool_call.name == "sequential_echo":
