@@ -13,7 +13,9 @@ reference cannot replay the workflow that holds it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import errno
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -69,8 +71,9 @@ class FileSystemStorageDriver(StorageDriver):
     several machines need ``root`` on a shared volume.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_read_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> None:
         self.root = root
+        self._max_read = max_read_bytes
 
     def name(self) -> str:
         """``fs``: written into every reference in the history, so renaming it orphans them."""
@@ -90,8 +93,39 @@ class FileSystemStorageDriver(StorageDriver):
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
-        """Read each claimed file back, checking its hash."""
-        return await asyncio.gather(*(asyncio.to_thread(self._read, claim) for claim in claims))
+        """Read each claimed file back, checking its hash. The claims of one
+        payload sequence (one signal's arguments, one result) together read
+        at most ``max_read_bytes`` (``AGENT_MAX_DECOMPRESSED_BYTES``, the
+        bound the codec puts on what they decompress to), a repeated claim
+        counted each time: a 7 KB signal of 30 references to one 20 MB
+        payload took a worker to 2.9 GB (a security audit). A claim past
+        the bound is refused (the signal dropped). The carried input of a
+        run continued as new is read unbounded, as by the codec."""
+        left = None if READING_CARRY.get() else self._max_read
+        return await asyncio.to_thread(self._read_all, list(claims), left)
+
+    def _read_all(self, claims: list[StorageDriverClaim], left: int | None) -> list[Payload]:
+        read: dict[tuple[str, str], Payload] = {}  # a repeated claim is read once
+        payloads = []
+        for claim in claims:
+            key = (str(claim.claim_data.get("namespace")), str(claim.claim_data.get("sha256")))
+            payload = read.get(key)
+            if payload is None:
+                payload = read[key] = self._read(claim, left)
+            if left is not None and refused_reason(payload) is None:
+                if payload.ByteSize() > left:
+                    payload = refused_payload(self._past_bound)
+                else:
+                    left -= payload.ByteSize()
+            payloads.append(payload)
+        return payloads
+
+    @property
+    def _past_bound(self) -> str:
+        return (
+            f"refers, with the payloads read with it, to stored payloads of more than {self._max_read:,} "
+            "bytes (AGENT_MAX_DECOMPRESSED_BYTES), so it was refused"
+        )
 
     def blobs(self, namespace: str) -> FileBlobStore:
         return FileBlobStore(self.root / _namespace_dir(namespace))
@@ -106,7 +140,7 @@ class FileSystemStorageDriver(StorageDriver):
         self.blobs(namespace).write(digest, data)
         return StorageDriverClaim(claim_data={"namespace": namespace, "sha256": digest})
 
-    def _read(self, claim: StorageDriverClaim) -> Payload:
+    def _read(self, claim: StorageDriverClaim, limit: int | None = None) -> Payload:
         """The stored payload; for a reference that names no readable one, a
         refused payload saying why (``refused_payload``), as the codecs do
         for what they will not decode: anyone who may signal could send such
@@ -122,10 +156,23 @@ class FileSystemStorageDriver(StorageDriver):
             return refused_payload(
                 f"refers to a stored payload by no valid sha256 digest ({str(dict(claim.claim_data))[:120]})"
             )
+        blobs = self.blobs(str(claim.claim_data.get("namespace", "default")))
         try:
-            data = self.blobs(claim.claim_data.get("namespace", "default")).read(digest)
+            if limit is not None:
+                with contextlib.suppress(FileNotFoundError):  # read says it is gone
+                    if blobs.path(digest).stat().st_size > limit:
+                        return refused_payload(self._past_bound)  # not read at all
+            data = blobs.read(digest)
         except BlobMissing as err:
             return refused_payload(f"refers to a stored payload that is gone: {_missing(err, self.root)}")
+        except OSError as err:
+            # A namespace no file name can hold (too long once quoted; a
+            # client or a forged reference chose it): refused as the rest.
+            # Other errors (permissions, the disk) raise: the task is
+            # retried until the store can be read.
+            if err.errno not in _UNNAMEABLE:
+                raise
+            return refused_payload(f"refers to a stored payload by a name no file can have ({err.strerror})")
         payload = Payload()
         try:
             payload.ParseFromString(data)
@@ -143,6 +190,9 @@ def _missing(err: BlobMissing, root: Path) -> str:
         f"Stored payload {where}: restore it, or point AGENT_STORAGE_DIR "
         "at the payload store this workflow was written with"
     )
+
+
+_UNNAMEABLE = frozenset({errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EINVAL, errno.ELOOP})
 
 
 def _namespace_dir(namespace: str) -> str:
@@ -282,7 +332,7 @@ def external_storage(settings: Settings) -> ExternalStorage | None:
         client, bucket = s3_client(settings.storage, settings)
         driver = RefusingS3StorageDriver(client=client, bucket=bucket)
     else:
-        driver = FileSystemStorageDriver(settings.storage_dir)
+        driver = FileSystemStorageDriver(settings.storage_dir, settings.max_decompressed_bytes)
     return ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage_threshold)
 
 
@@ -505,6 +555,13 @@ class AgentDataConverter(DataConverter):
         # Whether any part makes use of a context; known at the first ask.
         object.__setattr__(self, "_takes_context", None)
 
+    async def _external_retrieve_payload_sequence(self, payloads: Sequence[Payload]) -> list[Payload]:
+        # The SDK's private step (both the stock passes and runtime/payload_walk.py call it).
+        storage = self.external_storage
+        if storage is not None:
+            payloads = [_screened(storage, p) for p in payloads]
+        return await super()._external_retrieve_payload_sequence(payloads)
+
     def with_context(self, context: SerializationContext) -> Self:
         # The SDK's parts (and ours) decide by how they are composed, not by
         # the context, so the first answer tells for all (the SDK's generic
@@ -516,6 +573,37 @@ class AgentDataConverter(DataConverter):
         if takes_context is None:
             object.__setattr__(self, "_takes_context", derived is not self)
         return derived
+
+
+def _screened(storage: ExternalStorage, payload: Payload) -> Payload:
+    """``payload``, or a refused payload when it is a reference to a stored
+    payload that the SDK cannot even parse (not JSON, no claim, a driver no
+    worker has): the SDK raised on it before any driver ran, failing every
+    workflow task of a conversation that anyone who may signal had sent it
+    (a security audit). So, as for a reference to a payload that is gone,
+    a signal carrying it is dropped and an update or start refused. Uses the
+    SDK's private parser; without it, the SDK's behaviour."""
+    parse = getattr(storage, "_decode_reference", None)
+    driver_named = getattr(storage, "_get_driver_by_name", None)
+    if parse is None or driver_named is None:
+        return payload
+    try:
+        reference = parse(payload)
+        if reference is not None:
+            dict(reference.claim_data)
+    except Exception as err:
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        return refused_payload(f"is not a readable reference to a stored payload ({reason})")
+    if reference is None:
+        return payload
+    try:
+        driver_named(reference.driver_name)
+    except ValueError:
+        return refused_payload(
+            f"refers to a stored payload of driver {str(reference.driver_name)[:80]!r}, which these "
+            "storage settings do not have: use the AGENT_STORAGE settings it was written with"
+        )
+    return payload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ the codec server, a running conversation), and nothing wedges."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tracemalloc
 import uuid
@@ -16,11 +17,13 @@ import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import RawValue
-from temporalio.converter import DataConverter
+from temporalio.converter import DataConverter, StorageDriverClaim, StorageDriverRetrieveContext
 from temporalio.exceptions import ApplicationError
 
+from activities.blobs import digest_of
 from codec_server import CodecSettings, build_app
-from runtime.payloads import CompressionCodec, data_converter
+from runtime.converter import READING_CARRY, refused_reason
+from runtime.payloads import CompressionCodec, FileSystemStorageDriver, data_converter
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 from tests.support.stack import Stack
 from tests.test_codec_server import Endpoint, as_json, assert_one_sentence, serving
@@ -290,3 +293,93 @@ async def test_a_bomb_memo_does_not_stop_the_conversation_when_it_replays(
     async with build_worker(stack.client, settings):  # a new worker: the conversation replays
         await asyncio.wait_for(still_answers(stack, handle, "after the replay"), 30)
         await handle.signal("close")
+
+
+# --- references to stored payloads ------------------------------------------------------
+
+
+_REFERENCE_METADATA = {
+    "encoding": b"json/protobuf",
+    "messageType": b"temporal.api.sdk.v1.ExternalStorageReference",
+}
+
+
+def _reference(claim: dict[str, str], driver: str = "fs") -> Payload:
+    """A reference as the SDK writes one, to whatever ``claim`` says."""
+    data = json.dumps({"claimData": claim, "driverName": driver}).encode()
+    return Payload(metadata=_REFERENCE_METADATA, data=data)
+
+
+_DIGEST = "2a" * 32
+MALFORMED_REFERENCES = {
+    "a driver no worker has": _reference({"namespace": "default", "sha256": _DIGEST}, driver="s3"),
+    "no JSON": Payload(metadata=_REFERENCE_METADATA, data=b"not json"),
+    "the legacy encoding, empty": Payload(
+        metadata={"encoding": b"json/external-storage-reference"}, data=b"{}"
+    ),
+    "a namespace too long for a file name": _reference({"namespace": "é" * 50, "sha256": _DIGEST}),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_REFERENCES))
+async def test_a_reference_the_sdk_cannot_follow_is_refused_with_a_sentence(
+    name: str, tmp_path: Path
+) -> None:
+    """Anyone who may signal can send a reference: one naming a driver no
+    worker has, or not JSON, or a namespace no file name can hold, made the
+    SDK (or the file system) raise, failing every workflow task of the
+    conversation (a security audit). It is refused as one to a payload that
+    is gone is."""
+    converter = data_converter(Settings(storage="file", storage_dir=tmp_path))
+
+    [read] = await converter.decode([MALFORMED_REFERENCES[name]], [RawValue])
+
+    assert refused_reason(read.payload) is not None, name
+    assert str(tmp_path) not in refused_reason(read.payload)
+
+
+async def test_a_signal_with_a_reference_the_sdk_cannot_follow_is_dropped(stack: Stack) -> None:
+    handle = await stack.start()
+    raw = (await plain_client(stack)).get_workflow_handle(handle.id)
+
+    for reference in MALFORMED_REFERENCES.values():
+        await raw.signal("steer", RawValue(reference))
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await raw.execute_update("prompt", RawValue(MALFORMED_REFERENCES["a driver no worker has"]))
+
+    assert "driver 's3', which these storage settings do not have" in str(refused.value.cause)
+    assert (await stack.state(handle)).steering_queue == 0
+    await still_answers(stack, handle)  # the suite also fails a test whose conversation fails a task
+    await handle.signal("close")
+
+
+async def test_the_references_of_one_message_read_at_most_the_bound_together(tmp_path: Path) -> None:
+    """A 7 KB signal of 30 references to one stored 20 MB payload took a
+    worker to 2.9 GB (a security audit): the stored payloads one message
+    refers to are read within AGENT_MAX_DECOMPRESSED_BYTES together, a
+    repeated one counted each time, one past what is left refused unread;
+    the carried input of a run continued as new is read whole, as by the
+    codec."""
+    driver = FileSystemStorageDriver(tmp_path, max_read_bytes=MiB)
+    small = Payload(metadata={"encoding": b"json/plain"}, data=b'"' + b"a" * 300_000 + b'"')
+    large = Payload(metadata={"encoding": b"json/plain"}, data=b'"' + b"b" * (MiB + 10) + b'"')
+    claims = [
+        StorageDriverClaim(claim_data={"namespace": "default", "sha256": digest_of(p.SerializeToString())})
+        for p in (small, large)
+    ]
+    for payload in (small, large):
+        driver._write("default", payload)
+    context = StorageDriverRetrieveContext()
+
+    read = await driver.retrieve(context, [claims[0]] * 5)
+    assert [refused_reason(p) is None for p in read] == [True, True, True, False, False]
+    assert read[0] == small and "AGENT_MAX_DECOMPRESSED_BYTES" in (refused_reason(read[3]) or "")
+    [alone] = await driver.retrieve(context, [claims[1]])
+    assert "AGENT_MAX_DECOMPRESSED_BYTES" in (refused_reason(alone) or "")
+
+    carry = READING_CARRY.set(True)
+    try:
+        read = await driver.retrieve(context, [claims[0]] * 5 + [claims[1]])
+    finally:
+        READING_CARRY.reset(carry)
+    assert read == [small] * 5 + [large]
