@@ -761,7 +761,11 @@ class Conversation:
         for event in response.history.events:
             if event.HasField("workflow_task_failed_event_attributes"):
                 failed = event.workflow_task_failed_event_attributes
-                return failed.cause, " ".join(failed.failure.message.split("\n")[0].split())[:300]
+                message = failed.failure.message
+                if failed.failure.HasField("encoded_attributes"):  # "Encoded failure": ours, with keys
+                    with contextlib.suppress(Exception):
+                        message = str(await self.client.data_converter.decode_failure(failed.failure))
+                return failed.cause, " ".join(message.split("\n")[0].split())[:300]
         return None, ""
 
     async def _query_again(self, name: str, result_type: Any) -> Any:

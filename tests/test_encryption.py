@@ -405,6 +405,10 @@ async def test_a_worker_without_a_key_its_history_needs_fails_the_task_naming_it
     assert "is encrypted with key 'a', which is not among this process's keys" in said, said
     assert "Nondeterminism" not in said
     assert (await handle.describe()).status.name == "RUNNING"
+    # What `state` and `prompt` quote of the failing task: the client with
+    # the keys reads the sentence, not the history's "Encoded failure".
+    _, quoted = await Conversation.attach(reader, handle.id)._last_task_failure()
+    assert "is encrypted with key 'a', which is not among this process's keys" in quoted, quoted
 
     encrypted_worker.stop()
     encrypted_worker.start(f"b:{KEY_B},a:{KEY_A}")
