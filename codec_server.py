@@ -114,7 +114,7 @@ async def _codec(request: web.Request) -> web.Response:
     """POST .../encode, .../decode (or .../download): Payloads in, Payloads out (protobuf JSON)."""
     action = request.path.rstrip("/").rsplit("/", 1)[-1]
     if action not in ("encode", "decode", "download"):
-        raise Refused(404, f"No such endpoint {request.path}: POST to /encode or /decode.")
+        raise Refused(404, f"No such endpoint {request.raw_path}: POST to /encode or /decode.")
     if request.method != "POST":
         raise Refused(405, f"Use POST for /{action}, not {request.method}.")
     payloads = await _read_payloads(request)
@@ -372,7 +372,7 @@ async def _bearer_token(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def _refusal(request: web.Request, refused: Refused) -> web.Response:
-    log.warning("%s %s -> %d: %s", request.method, request.path, refused.status, refused.sentence)
+    log.warning("%s %s -> %d: %s", request.method, request.raw_path, refused.status, refused.sentence)
     headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else None
     body = (refused.sentence + "\n").encode(errors="backslashreplace")  # a header's undecodable bytes
     return web.Response(

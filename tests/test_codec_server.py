@@ -629,6 +629,20 @@ async def test_an_unknown_endpoint_is_a_404_naming_the_right_ones(codec: LocalCo
     assert_one_sentence(status, text, 404, "/encode", "/decode")
 
 
+async def test_a_path_cannot_write_lines_of_its_own_into_the_log(
+    codec: LocalCodec, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refusal is logged with the path as sent: decoded, `%0A` in it
+    wrote a forged line into the codec server's log (a security audit)."""
+    forged = "/x%0A2026-01-01 CRITICAL forged/decode2"
+    with caplog.at_level("WARNING", logger="codec_server"):
+        status, text = await codec.call(forged.lstrip("/"), as_json([payload(b'"hi"')]))
+
+    assert status == 404 and "\n" not in text.rstrip("\n")
+    [record] = [r for r in caplog.records if r.name == "codec_server"]
+    assert "\n" not in record.getMessage() and "%0A" in record.getMessage()
+
+
 async def test_a_get_is_told_to_post(codec: LocalCodec) -> None:
     async with aiohttp.ClientSession() as session, session.get(f"{codec.url}/decode") as response:
         status, text = response.status, await response.text()
