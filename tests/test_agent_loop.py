@@ -1053,3 +1053,19 @@ def test_a_calls_summary_shows_a_shims_datetime_as_text() -> None:
     when = datetime(2026, 1, 1, tzinfo=UTC)
     summary = tool_summary("stamp", {"text": "hi", "at": when})
     assert summary == 'tool: stamp text=hi at="2026-01-01 00:00:00+00:00"'
+
+
+async def test_a_run_that_begins_aborted_leaves_the_steering_queue_as_it_is() -> None:
+    """SPEC 6: after a run ends by abort, queued messages stay queued. The
+    loop skipped the steering poll after an abort mid-run, but a run whose
+    abort came before it began took one steer into its transcript, just
+    before its aborted message (a parity audit): never answered, and gone
+    from the queue that `clear_queues` returns."""
+    fake = agent(say("never"))
+    fake.steering.append(user("queued steer"))
+    fake.aborted = True
+    messages = await run(fake)
+
+    assert roles(messages) == ["user", "assistant:aborted"]
+    assert [m.content for m in fake.steering] == ["queued steer"]
+    assert fake.model_contexts == []

@@ -184,7 +184,9 @@ async def run_agent_loop(
     config.emit(TurnStartEvent())
     for prompt in prompts:
         _add_message(context, config, prompt, queue=queue)
-    pending = [] if skip_initial_steering else config.get_steering_messages()
+    # A run that begins aborted (the abort came before it did) leaves the
+    # steering queue as an abort mid-run does (SPEC 6: queued messages stay).
+    pending = [] if skip_initial_steering or config.is_aborted() else config.get_steering_messages()
     await run_loop(context, config, pending=pending, pending_queue="steering")
 
 
