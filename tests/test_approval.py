@@ -289,3 +289,56 @@ async def test_the_longest_approval_timeout_taken_sets_a_timer(stack: Stack) -> 
     history = await handle.fetch_history()
     assert [e for e in history.events if e.HasField("timer_started_event_attributes")]
     await handle.signal("close")
+
+
+@pytest.mark.parametrize("late", ["past the timeout", "after an abort"])
+async def test_a_decision_sent_while_no_worker_runs_and_too_late_is_refused(
+    stack: Stack,
+    workers: Workers,  # noqa: F811
+    late: str,
+) -> None:
+    """With its worker away, an approval sent after the call's timeout had
+    fired (or after an abort) reached the next worker in the activation that
+    ended the wait: the decision ran first, the tool ran past its deadline,
+    and the approver heard "accepted" (a durability audit). It is refused,
+    and the call ends as the timer (or the abort) says."""
+    stack.script({"tool_calls": [call("l1", "guarded_echo", text="late")]}, {"text": "ok"})
+    first = workers.start()
+    handle = await start_conversation(
+        stack.client,
+        f"late-{uuid.uuid4().hex[:6]}",
+        {
+            "model": stack.model,
+            "prompt": "ask",
+            "approvalTimeoutSeconds": 2 if late == "past the timeout" else 60,
+        },
+        task_queue=workers.env["TEMPORAL_TASK_QUEUE"],
+    )
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    if late == "after an abort":
+        await handle.signal("abort")
+    else:
+        await asyncio.sleep(3)  # the timer fires on the server meanwhile
+    decision = asyncio.ensure_future(
+        handle.execute_update("approve_tool", {"toolCallId": "l1", "approved": True})
+    )
+    await asyncio.sleep(0.5)
+    workers.start()
+
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await asyncio.wait_for(decision, 30)
+    events = await log.wait_for_type("agent_end")
+    log.close()
+
+    said = str(refused.value.cause)
+    ended = next(e for e in events if e["type"] == "tool_execution_end")["result"]["content"][0]["text"]
+    if late == "after an abort":
+        assert "The run is being aborted: tool call 'l1' will not run." in said
+        assert ended == "Tool execution aborted while waiting for approval."
+    else:
+        assert "Tool call 'l1' is past its approval timeout" in said
+        assert ended == "Tool call guarded_echo was not approved within 2 s."
+    await handle.signal("close")

@@ -915,7 +915,25 @@ class AgentWorkflow:
                 )
             if not isinstance(payload.get("approved"), bool):
                 raise InputError('approve_tool takes "approved": true or false (a JSON boolean).')
-        self._parse_approval(args)
+        self._refuse_a_late_decision(self._parse_approval(args).tool_call_id)
+
+    def _refuse_a_late_decision(self, call_id: str) -> None:
+        """A decision that would come after the call's wait ended, in the
+        activation that ends it (the worker was away): past its timeout
+        (the timer fired before the decision was sent, yet the handler ran
+        first and the tool ran: a durability audit), or after an abort (it
+        was accepted and had no effect). The validator only: it does not
+        run on replay, so a decision accepted before stays accepted."""
+        session = self._session
+        batch = session.run.batch if session.run is not None else None
+        waiting = batch.waiting.get(call_id) if batch is not None else None
+        if waiting is not None and waiting.deadline_ms is not None and self._now_ms() >= waiting.deadline_ms:
+            raise InputError(
+                f"Tool call {call_id!r} is past its approval timeout: it is not approved, "
+                "whatever is decided now."
+            )
+        if session.abort_requested:
+            raise InputError(f"The run is being aborted: tool call {call_id!r} will not run.")
 
     def _parse_approval(self, args: tuple[Any, ...]) -> ApprovalRequest:
         payload = single_argument(args, "approve_tool")
