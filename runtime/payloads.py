@@ -112,20 +112,13 @@ class FileSystemStorageDriver(StorageDriver):
             payload = read.get(key)
             if payload is None:
                 payload = read[key] = self._read(claim, left)
-            if left is not None and refused_reason(payload) is None:
-                if payload.ByteSize() > left:
-                    payload = refused_payload(self._past_bound)
-                else:
-                    left -= payload.ByteSize()
+            payload, left = _charged(payload, left, self._max_read)
             payloads.append(payload)
         return payloads
 
     @property
     def _past_bound(self) -> str:
-        return (
-            f"refers, with the payloads read with it, to stored payloads of more than {self._max_read:,} "
-            "bytes (AGENT_MAX_DECOMPRESSED_BYTES), so it was refused"
-        )
+        return _past_bound(self._max_read)
 
     def blobs(self, namespace: str) -> FileBlobStore:
         return FileBlobStore(self.root / _namespace_dir(namespace))
@@ -192,6 +185,23 @@ def _missing(err: BlobMissing, root: Path) -> str:
     )
 
 
+def _charged(payload: Payload, left: int | None, bound: int) -> tuple[Payload, int | None]:
+    """``payload`` and what is left of a message's read bound after it, or
+    a refusal past the bound (nothing charged); ``left`` None: no bound."""
+    if left is None or refused_reason(payload) is not None:
+        return payload, left
+    if payload.ByteSize() > left:
+        return refused_payload(_past_bound(bound)), left
+    return payload, left - payload.ByteSize()
+
+
+def _past_bound(bound: int) -> str:
+    return (
+        f"refers, with the payloads read with it, to stored payloads of more than {bound:,} "
+        "bytes (AGENT_MAX_DECOMPRESSED_BYTES), so it was refused"
+    )
+
+
 _UNNAMEABLE = frozenset({errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EINVAL, errno.ELOOP})
 
 
@@ -212,16 +222,46 @@ class RefusingS3StorageDriver(S3StorageDriver):
     Other errors (S3 unreachable, access denied) still raise: the task is
     retried until S3 answers."""
 
-    def __init__(self, client: S3StorageDriverClient, bucket: str) -> None:
+    def __init__(
+        self, client: S3StorageDriverClient, bucket: str, max_read_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    ) -> None:
         super().__init__(client=client, bucket=bucket)
         self._own_bucket = bucket
+        self._max_read = max_read_bytes
         # The object's key as it is in the bucket (under our prefix), for the refusal.
         self._key_in_bucket = client.key_of if isinstance(client, _PrefixedS3Client) else str
 
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
-        return list(await asyncio.gather(*(self._retrieve_one(context, claim) for claim in claims)))
+        """As the file store's: the objects one message refers to are read
+        within ``max_read_bytes`` together, a repeated one fetched once and
+        counted each time; one after the bound is spent is not fetched. S3
+        says no size before the download, so a message's objects are
+        fetched one after another (a message rarely refers to more than
+        one). The carried input of a run continued as new: all at once,
+        unbounded."""
+        left = None if READING_CARRY.get() else self._max_read
+        if left is None:
+            return list(await asyncio.gather(*(self._retrieve_one(context, claim) for claim in claims)))
+        fetched: dict[tuple[str, str], Payload] = {}
+        payloads = []
+        for claim in claims:
+            key = (str(claim.claim_data.get("bucket")), str(claim.claim_data.get("key")))
+            payload = fetched.get(key)
+            if payload is None:
+                spent = left is not None and left <= 0  # not fetched at all
+                payload = (
+                    refused_payload(self._past_bound) if spent else await self._retrieve_one(context, claim)
+                )
+                fetched[key] = payload
+            payload, left = _charged(payload, left, self._max_read)
+            payloads.append(payload)
+        return payloads
+
+    @property
+    def _past_bound(self) -> str:
+        return _past_bound(self._max_read)
 
     async def _retrieve_one(
         self, context: StorageDriverRetrieveContext, claim: StorageDriverClaim
@@ -330,7 +370,9 @@ def external_storage(settings: Settings) -> ExternalStorage | None:
     driver: StorageDriver
     if settings.storage.startswith("s3://"):
         client, bucket = s3_client(settings.storage, settings)
-        driver = RefusingS3StorageDriver(client=client, bucket=bucket)
+        driver = RefusingS3StorageDriver(
+            client=client, bucket=bucket, max_read_bytes=settings.max_decompressed_bytes
+        )
     else:
         driver = FileSystemStorageDriver(settings.storage_dir, settings.max_decompressed_bytes)
     return ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage_threshold)
