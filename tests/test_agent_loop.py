@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from pydantic_core import to_json
 from temporalio.worker._workflow_instance import _WorkflowBeingEvictedError
 
 from tests.support.fake_loop import FakeAgent, calls, say, user
@@ -1069,3 +1070,50 @@ async def test_a_run_that_begins_aborted_leaves_the_steering_queue_as_it_is() ->
     assert roles(messages) == ["user", "assistant:aborted"]
     assert [m.content for m in fake.steering] == ["queued steer"]
     assert fake.model_contexts == []
+
+
+class _Surrogates(AgentHooks):
+    """Text with a lone surrogate (a file name read with surrogateescape), from every hook."""
+
+    def before_tool_call(self, context: ToolCallContext) -> Any:
+        text = context.args["text"]
+        if text == "raise":
+            raise FileNotFoundError("no file named caf\udce9")
+        if text == "block":
+            return BlockToolCall(reason="blocked: caf\udce9")
+        if text == "approve":
+            return RequireApproval(reason="asks for caf\udce9")
+        return None
+
+    def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> ToolResultOverride | None:
+        if context.args["text"] == "override":
+            return ToolResultOverride(content="redacted caf\udce9")
+        return None
+
+
+async def test_text_a_hook_gives_with_a_lone_surrogate_is_written_with_a_replacement() -> None:
+    """A lone surrogate cannot be written as UTF-8: a hook raising with a
+    file name read by `os.listdir` in its message, or giving such a reason
+    or content, failed every workflow task as the event was written. The
+    text goes on with U+FFFD in its place."""
+    fake = agent(
+        calls(
+            ("r1", "echo", {"text": "raise"}),
+            ("b1", "echo", {"text": "block"}),
+            ("a1", "echo", {"text": "approve"}),
+            ("o1", "echo", {"text": "override"}),
+        ),
+        say("ok"),
+    )
+    fake.hooks = _Surrogates()
+    messages = await run(fake)
+
+    texts = {m.tool_call_id: m.content[0].text for m in messages if m.role == "toolResult"}
+    assert texts == {
+        "r1": "no file named caf\ufffd",
+        "b1": "blocked: caf\ufffd",
+        "a1": "echo: approve",
+        "o1": "redacted caf\ufffd",
+    }
+    to_json(fake.events)  # every event can be written
+    assert messages[-1].text == "ok"

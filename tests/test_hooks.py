@@ -137,6 +137,43 @@ async def test_details_an_after_hook_sets_that_json_cannot_carry_are_the_calls_e
     assert result.messages[-1].text == "ok"
 
 
+async def test_a_hooks_text_with_a_lone_surrogate_is_no_wedge(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """A hook raising with a file name read with surrogateescape in its
+    message (or asking approval with such a reason) failed every workflow
+    task as the event was written: the text goes on with U+FFFD instead."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("s1", "echo", text="fail-with-a-lone-surrogate"),
+                    call("s2", "echo", text="approve-with-a-lone-surrogate"),
+                ]
+            },
+            {"text": "ok"},
+        ],
+    )
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go", "closeWhenIdle": True, "approvalTimeoutSeconds": 1},
+        id=f"hooks-{uuid.uuid4().hex[:8]}",
+        task_queue=TASK_QUEUE,
+        result_type=SessionResult,
+    )
+    log = EventLog(client, handle.id)
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    result = await handle.result()
+    by_id = {m.tool_call_id: m for m in result.messages if m.role == "toolResult"}
+    assert by_id["s1"].is_error and by_id["s1"].content[0].text == "no file named caf\ufffd"
+    assert by_id["s2"].is_error  # not approved within 1 s (its text rewritten by the after hook)
+    requests = [e for e in events if e["type"] == "tool_approval_request"]
+    assert [r["reason"] for r in requests] == ["asks for caf\ufffd"]
+
+
 async def test_hooks_changing_what_they_are_given_change_nothing(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:

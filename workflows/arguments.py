@@ -98,6 +98,26 @@ def require_sendable(value: Any, what: str) -> None:
         raise TypeError(f"{what} that cannot be sent as JSON: {err}") from None
 
 
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates replaced (they cannot be encoded as UTF-8)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def clean_json(value: Any) -> Any:
+    """Every string of a JSON value cleaned with ``clean_text``."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_json(v) for v in value]
+    return value
+
+
 def _schema_key(schema: dict[str, Any]) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workflows.arguments import clean_text
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -150,7 +151,9 @@ def failure_text(err: BaseException) -> str:
     its type with it where the message alone says little (``SystemExit: 1``).
     A ``KeyError``'s message is its argument, not Python's quoted repr of it."""
     quoted = type(err) is KeyError and len(err.args) == 1 and isinstance(err.args[0], str)
-    text = err.args[0] if quoted else str(err)
+    # A lone surrogate (a file name read with surrogateescape) cannot be
+    # written as UTF-8: let through, every workflow task failed on it.
+    text = clean_text(err.args[0] if quoted else str(err))
     if not isinstance(err, Exception | asyncio.CancelledError):
         return f"{type(err).__name__}: {text}" if text else type(err).__name__
     return text or type(err).__name__

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from workflows.arguments import MAX_NESTING, nesting_depth
+from workflows.arguments import MAX_NESTING, clean_json, clean_text, nesting_depth
 from workflows.models import (
     AgentMessage,
     CustomMessage,
@@ -201,26 +201,6 @@ def check_prompts(messages: list[AgentMessage]) -> None:
                     problem = image_problem(block)
                     if problem is not None:
                         raise InputError(f"An image of the message cannot be sent to a model: {problem}.")
-
-
-def clean_text(text: str) -> str:
-    """``text`` with lone surrogates replaced (they cannot be encoded as UTF-8)."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def clean_json(value: Any) -> Any:
-    """Every string of a JSON value cleaned with ``clean_text``."""
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, dict):
-        return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean_json(v) for v in value]
-    return value
 
 
 def validation_text(prefix: str, err: ValidationError) -> str:

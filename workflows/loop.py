@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workflows.arguments import ToolArgumentsError, require_sendable, validate_tool_arguments
+from workflows.arguments import ToolArgumentsError, clean_text, require_sendable, validate_tool_arguments
 from workflows.hooks import (
     AgentHooks,
     BlockToolCall,
@@ -451,7 +451,8 @@ async def _prepare(
             f"before_tool_call returned {type(decision).__name__}; expected BlockToolCall, "
             "RequireApproval or None."
         )
-    approval = decision.reason if isinstance(decision, RequireApproval) else None
+    reason = decision.reason if isinstance(decision, RequireApproval) else None
+    approval = None if reason is None else clean_text(reason)  # shown in events: UTF-8 only
     if isinstance(decision, RequireApproval) and approval is None and not tool.requires_approval:
         if config.approval_without_reason():
             approval = RequireApproval.reason  # asked for approval: never run without it
@@ -654,14 +655,17 @@ def _assistant_message(config: LoopConfig, stop_reason: str, error: str) -> Assi
 
 
 def error_outcome(text: str) -> ToolOutcome:
-    """pi's ``createErrorToolResult``."""
-    return ToolOutcome(content=text_result(text), details={}, is_error=True)
+    """pi's ``createErrorToolResult`` (text a hook gave, such as a block
+    reason, cleaned of lone surrogates, which no payload can carry)."""
+    return ToolOutcome(content=text_result(clean_text(text)), details={}, is_error=True)
 
 
 def _as_content(content: str | list[UserContent]) -> list[UserContent]:
+    """An override's content, validated, its text cleaned of lone surrogates."""
     if isinstance(content, str):
-        return [TextContent(text=content)]
-    return ToolOutcome(content=content).content  # validates each block
+        return [TextContent(text=clean_text(content))]
+    blocks = ToolOutcome(content=content).content  # validates each block
+    return [TextContent(text=clean_text(b.text)) if isinstance(b, TextContent) else b for b in blocks]
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:

@@ -40,6 +40,10 @@ class GuardedHooks(AgentHooks):
             return RequireApproval(reason=object())  # type: ignore[arg-type]
         if context.tool_call.name == "explode":
             return BlockToolCall(reason="explode is not allowed here")
+        if context.args.get("text") == "fail-with-a-lone-surrogate":
+            raise FileNotFoundError("no file named caf\udce9")  # as os.listdir gives an undecodable name
+        if context.args.get("text") == "approve-with-a-lone-surrogate":
+            return RequireApproval(reason="asks for caf\udce9")
         if context.args.get("text") == "fail-before":
             raise RuntimeError("before hook failed")
         if context.args.get("text") == "cancel-before":
