@@ -27,7 +27,7 @@ from workflows.hooks import (
     failure_text,
 )
 from workflows.loop import TOOL_CALLS_PER_PART, ApprovalDecision, PreparedToolCall, run_agent_loop, run_loop
-from workflows.models import ToolDeclaration, ToolOutcome, text_result
+from workflows.models import TextContent, ToolDeclaration, ToolOutcome, text_result
 
 
 async def echo(args: dict[str, Any]) -> str:
@@ -1088,6 +1088,8 @@ class _Surrogates(AgentHooks):
     def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> ToolResultOverride | None:
         if context.args["text"] == "override":
             return ToolResultOverride(content="redacted caf\udce9")
+        if context.args["text"] == "blocks":
+            return ToolResultOverride(content=[TextContent(text="caf\udce9", text_signature="kept")])
         return None
 
 
@@ -1102,11 +1104,14 @@ async def test_text_a_hook_gives_with_a_lone_surrogate_is_written_with_a_replace
             ("b1", "echo", {"text": "block"}),
             ("a1", "echo", {"text": "approve"}),
             ("o1", "echo", {"text": "override"}),
+            ("o2", "echo", {"text": "blocks"}),
         ),
         say("ok"),
     )
     fake.hooks = _Surrogates()
     messages = await run(fake)
+    [block] = next(m for m in messages if m.role == "toolResult" and m.tool_call_id == "o2").content
+    assert block == TextContent(text="caf\ufffd", text_signature="kept")
 
     texts = {m.tool_call_id: m.content[0].text for m in messages if m.role == "toolResult"}
     assert texts == {
@@ -1114,6 +1119,7 @@ async def test_text_a_hook_gives_with_a_lone_surrogate_is_written_with_a_replace
         "b1": "blocked: caf\ufffd",
         "a1": "echo: approve",
         "o1": "redacted caf\ufffd",
+        "o2": "caf\ufffd",
     }
     to_json(fake.events)  # every event can be written
     assert messages[-1].text == "ok"

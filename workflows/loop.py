@@ -665,7 +665,9 @@ def _as_content(content: str | list[UserContent]) -> list[UserContent]:
     if isinstance(content, str):
         return [TextContent(text=clean_text(content))]
     blocks = ToolOutcome(content=content).content  # validates each block
-    return [TextContent(text=clean_text(b.text)) if isinstance(b, TextContent) else b for b in blocks]
+    return [
+        b.model_copy(update={"text": clean_text(b.text)}) if isinstance(b, TextContent) else b for b in blocks
+    ]
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:
