@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import errno
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib.metadata import version
 from pathlib import Path
@@ -101,24 +101,16 @@ class FileSystemStorageDriver(StorageDriver):
         payload took a worker to 2.9 GB (a security audit). A claim past
         the bound is refused (the signal dropped). The carried input of a
         run continued as new is read unbounded, as by the codec."""
-        left = None if READING_CARRY.get() else self._max_read
-        return await asyncio.to_thread(self._read_all, list(claims), left)
-
-    def _read_all(self, claims: list[StorageDriverClaim], left: int | None) -> list[Payload]:
-        read: dict[tuple[str, str], Payload] = {}  # a repeated claim is read once
-        payloads = []
-        for claim in claims:
-            key = (str(claim.claim_data.get("namespace")), str(claim.claim_data.get("sha256")))
-            payload = read.get(key)
-            if payload is None:
-                payload = read[key] = self._read(claim, left)
-            payload, left = _charged(payload, left, self._max_read)
-            payloads.append(payload)
-        return payloads
-
-    @property
-    def _past_bound(self) -> str:
-        return _past_bound(self._max_read)
+        return await _read_within_bound(
+            claims,
+            None if READING_CARRY.get() else self._max_read,
+            self._max_read,
+            key_of=lambda claim: (
+                str(claim.claim_data.get("namespace")),
+                str(claim.claim_data.get("sha256")),
+            ),
+            read=lambda claim, limit: asyncio.to_thread(self._read, claim, limit),
+        )
 
     def blobs(self, namespace: str) -> FileBlobStore:
         return FileBlobStore(self.root / _namespace_dir(namespace))
@@ -154,7 +146,7 @@ class FileSystemStorageDriver(StorageDriver):
             if limit is not None:
                 with contextlib.suppress(FileNotFoundError):  # read says it is gone
                     if blobs.path(digest).stat().st_size > limit:
-                        return refused_payload(self._past_bound)  # not read at all
+                        return refused_payload(_past_bound(self._max_read))  # not read at all
             data = blobs.read(digest)
         except BlobMissing as err:
             return refused_payload(f"refers to a stored payload that is gone: {_missing(err, self.root)}")
@@ -183,6 +175,30 @@ def _missing(err: BlobMissing, root: Path) -> str:
         f"Stored payload {where}: restore it, or point AGENT_STORAGE_DIR "
         "at the payload store this workflow was written with"
     )
+
+
+async def _read_within_bound(
+    claims: Sequence[StorageDriverClaim],
+    left: int | None,
+    bound: int,
+    key_of: Callable[[StorageDriverClaim], tuple[str, str]],
+    read: Callable[[StorageDriverClaim, int | None], Awaitable[Payload]],
+) -> list[Payload]:
+    """The payloads of one message's ``claims``, read one after another
+    within ``left`` bytes together (None: unbounded), a repeated claim read
+    once and counted each time; once the bound is spent, none is read.
+    ``read`` may refuse one past the ``int | None`` it is given unread."""
+    fetched: dict[tuple[str, str], Payload] = {}
+    payloads = []
+    for claim in claims:
+        key = key_of(claim)
+        payload = fetched.get(key)
+        if payload is None:
+            spent = left is not None and left <= 0
+            payload = fetched[key] = refused_payload(_past_bound(bound)) if spent else await read(claim, left)
+        payload, left = _charged(payload, left, bound)
+        payloads.append(payload)
+    return payloads
 
 
 def _charged(payload: Payload, left: int | None, bound: int) -> tuple[Payload, int | None]:
@@ -241,27 +257,15 @@ class RefusingS3StorageDriver(S3StorageDriver):
         fetched one after another (a message rarely refers to more than
         one). The carried input of a run continued as new: all at once,
         unbounded."""
-        left = None if READING_CARRY.get() else self._max_read
-        if left is None:
+        if READING_CARRY.get():
             return list(await asyncio.gather(*(self._retrieve_one(context, claim) for claim in claims)))
-        fetched: dict[tuple[str, str], Payload] = {}
-        payloads = []
-        for claim in claims:
-            key = (str(claim.claim_data.get("bucket")), str(claim.claim_data.get("key")))
-            payload = fetched.get(key)
-            if payload is None:
-                spent = left is not None and left <= 0  # not fetched at all
-                payload = (
-                    refused_payload(self._past_bound) if spent else await self._retrieve_one(context, claim)
-                )
-                fetched[key] = payload
-            payload, left = _charged(payload, left, self._max_read)
-            payloads.append(payload)
-        return payloads
-
-    @property
-    def _past_bound(self) -> str:
-        return _past_bound(self._max_read)
+        return await _read_within_bound(
+            claims,
+            self._max_read,
+            self._max_read,
+            key_of=lambda claim: (str(claim.claim_data.get("bucket")), str(claim.claim_data.get("key"))),
+            read=lambda claim, _limit: self._retrieve_one(context, claim),
+        )
 
     async def _retrieve_one(
         self, context: StorageDriverRetrieveContext, claim: StorageDriverClaim
