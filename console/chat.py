@@ -133,7 +133,7 @@ class ChatSession:
         None when no worker answers soon (the hint goes without it)."""
         try:
             async with asyncio.timeout(3):
-                return len(await self._conversation.messages())
+                return (await self._conversation.state()).message_count
         except Exception:  # a hint, not worth a failure
             return None
 
