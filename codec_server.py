@@ -442,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = Settings.from_env()
         codec = settings_from(argv, settings)
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+        settings.check_key_file()
         asyncio.run(serve(codec, settings))
     except (ValueError, ImportError) as err:  # settings (AGENT_STORAGE, AGENT_ENCRYPTION_KEYS...)
         print(f"error: {err}", file=sys.stderr)

@@ -231,6 +231,7 @@ def core_threads(settings: Settings, environ: MutableMapping[str, str] = os.envi
 async def run_worker(settings: Settings) -> None:
     settings.check_workspace()  # before connecting: one line, at once
     settings.check_writable()
+    settings.check_key_file()
     await probe_s3_storage(settings)
     load_tool_modules(settings.tool_modules)
     with core_threads(settings):  # the process's one runtime, made now

@@ -92,6 +92,17 @@ def _opened(sealer: BlobSealer | None, where: str, blob: bytes, digest: str) -> 
     return blob if plain is None else plain
 
 
+def private_dirs(path: Path) -> None:
+    """Make ``path`` and each missing parent, every one 0700 (``mkdir
+    (parents=True, mode=...)`` gives only the last one the mode and the
+    parents the umask's 0755: a payload store's namespace directories were
+    listable by every user of the machine). Existing ones are left as they are."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another writer made it meanwhile
+            directory.mkdir(mode=0o700)
+
+
 class FileBlobStore:
     """Blobs as files ``root/<first 2 hex>/<digest>``."""
 
@@ -124,7 +135,7 @@ class FileBlobStore:
         path = self.path(digest)
         if path.exists():
             return
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dirs(path.parent)
         # A unique temporary name (mkstemp, mode 0600) per writer, so two
         # writers of the same blob never share one; the rename is atomic,
         # so a reader sees nothing or the whole blob.

@@ -25,6 +25,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.blobs import private_dirs
 from activities.events import ActivityEventPublisher, attempt_budget
 from activities.heartbeat import heartbeating
 from activities.redact import TOOL_SECRETS, scrub, scrub_json, scrub_known
@@ -229,7 +230,7 @@ class ToolActivities:
 
     @staticmethod
     def _write_full_output(path: Path, text: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dirs(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as file:
             file.write(text)

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -314,6 +315,27 @@ class Settings:
                 problem,
             )
 
+    def check_key_file(self) -> None:
+        """For the processes that hold the keys (the worker, the codec
+        server): a warning when ``AGENT_ENCRYPTION_KEY_FILE`` can be read by
+        other users of the machine, as ``ssh`` says of a private key. Not
+        refused: a Kubernetes secret volume mounts its files 0644 unless
+        told otherwise (``defaultMode: 0400``)."""
+        if self.encryption_key_file is None:
+            return
+        try:
+            mode = self.encryption_key_file.stat().st_mode  # through a symlink, as it was read
+        except OSError:
+            return  # it was read a moment ago; a file gone meanwhile is the next start's error
+        if mode & 0o077:
+            logging.warning(
+                "AGENT_ENCRYPTION_KEY_FILE=%s can be read by other users (mode %s): anyone who "
+                "can read it can read every conversation. Make it the owner's alone "
+                "(chmod 600; a Kubernetes secret volume: defaultMode: 0400)",
+                self.encryption_key_file,
+                oct(stat.S_IMODE(mode)),
+            )
+
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""
         values = (self.openai_api_key, self.temporal_api_key, self.codec_token, self.aws_secret_access_key)
@@ -334,9 +356,11 @@ class Settings:
 
 
 def _unwritable(path: Path) -> str | None:
-    """Why ``path`` cannot take a new file (made if missing), or None."""
+    """Why ``path`` cannot take a new file (made if missing, 0700), or None."""
+    from activities.blobs import private_dirs  # the worker's: settings stay importable alone
+
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dirs(path)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-"):
             pass
     except OSError as err:

@@ -786,12 +786,18 @@ async def test_a_full_output_is_kept_without_the_workers_secrets_and_for_the_wor
     async def dump(args: _NoArgs) -> str:
         return f"OPENAI_API_KEY={secret}\n" + "x" * 100
 
-    outcome = await run_t(runner_of(dump, output_cap=10, output_dir=tmp_path / "out", secrets=[secret]))
+    old_umask = os.umask(0o022)
+    try:
+        outcome = await run_t(runner_of(dump, output_cap=10, output_dir=tmp_path / "out", secrets=[secret]))
+    finally:
+        os.umask(old_umask)
 
     path = Path(outcome.details["fullOutputPath"])
     assert secret not in path.read_text() and "[redacted]" in path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    # The conversation's directory and the output directory made for it.
+    assert path.parent.parent == tmp_path / "out"
+    assert [stat.S_IMODE(d.stat().st_mode) for d in (path.parent, path.parent.parent)] == [0o700, 0o700]
 
 
 async def test_a_tool_result_marked_as_an_error_stays_an_error(no_stream: None) -> None:

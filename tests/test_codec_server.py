@@ -922,6 +922,32 @@ def test_a_port_in_use_stops_the_server_with_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_it_warns_of_a_key_file_others_can_read(tmp_path: Path) -> None:
+    """It holds the keys as the worker does, and says so as the worker does."""
+    import socket
+
+    key_file = tmp_path / "keys"
+    key_file.write_text("k1:" + base64.b64encode(bytes(range(32))).decode() + "\n")
+    key_file.chmod(0o604)
+    with socket.socket() as taken:  # then it stops at once, its warning said
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(Path(codec_server.__file__)), "--port", str(port)],
+            env={
+                **os.environ,
+                "AGENT_STORAGE_DIR": str(tmp_path),
+                "AGENT_ENCRYPTION_KEY_FILE": str(key_file),
+            },
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    assert f"AGENT_ENCRYPTION_KEY_FILE={key_file} can be read by other users (mode 0o604)" in result.stderr
+
+
 async def raw_post(url: str, path: str, headers: bytes, body: bytes = b'{"payloads": []}') -> tuple[int, str]:
     """A POST with header bytes no HTTP client library sends (not UTF-8)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)

@@ -612,7 +612,14 @@ async def test_stored_payloads_are_readable_by_their_owner_only(tmp_path: Path) 
 
     [path] = [p for p in root.rglob("*") if p.is_file()]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(path.parent.stat().st_mode) & 0o077 == 0  # its <first 2 hex> directory
+    # Every directory made for it: the store, the namespace's, the <first 2 hex> one.
+    made = [path.parent, path.parent.parent, root]
+    assert [d.relative_to(tmp_path).as_posix() for d in made] == [
+        f"store/default/{path.name[:2]}",
+        "store/default",
+        "store",
+    ]
+    assert [oct(stat.S_IMODE(d.stat().st_mode)) for d in made] == [oct(0o700)] * 3
 
 
 async def test_a_stored_payload_altered_on_disk_is_refused_and_removed(tmp_path: Path) -> None:

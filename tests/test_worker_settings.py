@@ -23,7 +23,7 @@ from temporalio.service import GrpcCompression
 from activities.llm import LlmActivities
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
-from testbed.local_stack import ROOT, DevServer
+from testbed.local_stack import ROOT, DevServer, free_port
 from tests.support.s3 import denying_s3
 from tests.support.stack import Stack, finished_on_own_worker
 from worker import build_worker, what_must_match
@@ -797,3 +797,42 @@ async def test_a_model_stream_silent_past_agent_llm_read_timeout_is_retried(
     )
     _, result, _ = await finished_on_own_worker(stack, Settings.from_env(env), "hi")
     assert result.messages[-1].text == "the retried answer"
+
+
+def test_a_key_file_others_can_read_is_warned_of_and_one_of_the_owners_is_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"k1:{KEY}\n")
+    settings = Settings.from_env({"AGENT_ENCRYPTION_KEY_FILE": str(key_file)})
+
+    for mode, warned in ((0o644, True), (0o640, True), (0o600, False), (0o400, False)):
+        key_file.chmod(mode)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            settings.check_key_file()
+        assert bool(caplog.records) is warned, oct(mode)
+        if warned:
+            assert caplog.records[0].getMessage() == (
+                f"AGENT_ENCRYPTION_KEY_FILE={key_file} can be read by other users (mode {oct(mode)}): "
+                "anyone who can read it can read every conversation. Make it the owner's alone "
+                "(chmod 600; a Kubernetes secret volume: defaultMode: 0400)"
+            )
+
+
+async def test_the_worker_warns_of_a_key_file_others_can_read_before_it_connects(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"k1:{KEY}\n")
+    key_file.chmod(0o644)
+    workspace = tmp_path / "workspace"  # the key outside it, as the worker insists
+    workspace.mkdir()
+    env = {
+        "AGENT_ENCRYPTION_KEY_FILE": str(key_file),
+        "AGENT_WORKSPACE": str(workspace),
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+    }
+
+    code, _, err = await run_worker_py([], env, tmp_path)
+
+    assert code != 0  # no server there
+    assert f"AGENT_ENCRYPTION_KEY_FILE={key_file} can be read by other users (mode 0o644)" in err
