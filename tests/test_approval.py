@@ -16,6 +16,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from client import start_conversation
 from tests.support.stack import EventLog, Stack, outline
 from tests.test_crash import Workers, comparable, workers  # noqa: F401  (fixture)
+from tests.test_robustness import raw_json
 from workflows.contract import MAX_APPROVAL_TIMEOUT_SECONDS
 
 
@@ -94,6 +95,27 @@ async def test_calls_wait_for_a_decision_while_the_rest_of_the_batch_runs(stack:
     assert results["g2"]["isError"]
     assert results["g2"]["result"]["content"][0]["text"] == "Tool call guarded_echo was rejected: not today"
     assert (await handle.query("state"))["pendingApprovals"] == []
+    await handle.signal("close")
+
+
+async def test_a_reason_with_a_lone_surrogate_is_taken_with_a_replacement(stack: Stack) -> None:
+    """Any JSON client can send "\\ud800". The decision was accepted, then its
+    echo could not be written: every workflow task failed until the server
+    dropped the update, and the decision was lost (a robustness audit)."""
+    stack.script({"tool_calls": [call("s1", "guarded_echo", text="t")]}, {"text": "done"})
+    handle = await stack.start(prompt="ask")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_approval_request")
+
+    decided = await handle.execute_update(
+        "approve_tool", raw_json('{"toolCallId": "s1", "approved": false, "reason": "bad \\ud800 day"}')
+    )
+
+    assert decided["reason"] == "bad \ufffd day"
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    [end] = [e for e in events if e["type"] == "tool_execution_end"]
+    assert end["result"]["content"][0]["text"] == "Tool call guarded_echo was rejected: bad \ufffd day"
     await handle.signal("close")
 
 

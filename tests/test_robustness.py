@@ -266,6 +266,33 @@ async def test_lone_surrogates_are_replaced_not_fatal(stack: Stack) -> None:
     await started.signal("close")
 
 
+async def test_a_key_with_a_lone_surrogate_is_refused_with_a_sentence_that_quotes_it(stack: Stack) -> None:
+    """The refusal quotes the unknown key; with a lone surrogate in it the
+    SDK could not write the sentence, and the sender read "Failure error"
+    (a robustness audit)."""
+    handle = await stack.start()
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("configure", raw_json('{"\\udc80bad": 1}'))
+    assert refused.value.cause.message.startswith("Unknown setting(s) \ufffdbad"), refused.value.cause
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(
+            "approve_tool", raw_json('{"toolCallId": "x", "approved": true, "\\ud800": 1}')
+        )
+    assert refused.value.cause.message.startswith("Unknown approve_tool key(s) \ufffd:"), refused.value.cause
+    await still_answers(stack, handle)
+    await handle.signal("close")
+
+    started = await stack.client.start_workflow(
+        "AgentWorkflow",
+        raw_json('{"\\ud800": 1}'),
+        id=f"surrogate-key-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(started.result(), 30)
+    assert "\ufffd" in str(failed.value.cause), failed.value.cause
+
+
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()

@@ -936,7 +936,11 @@ class AgentWorkflow:
             raise InputError(f"The run is being aborted: tool call {call_id!r} will not run.")
 
     def _parse_approval(self, args: tuple[Any, ...]) -> ApprovalRequest:
-        payload = single_argument(args, "approve_tool")
+        # Cleaned as every other argument is: a reason with a lone surrogate
+        # was accepted, then the handler's result could not be written and
+        # every workflow task failed until the server dropped the update,
+        # the decision lost (a robustness audit).
+        payload = clean_json(single_argument(args, "approve_tool"))
         try:
             decision = ApprovalRequest.model_validate(payload)
         except ValidationError as err:

@@ -48,7 +48,10 @@ def refusal(text: str) -> ApplicationError:
     """A refusal (type ``InvalidInput``, final), its sentence cut to
     MAX_REFUSAL_CHARS: one that quoted all of a megabyte-sized argument made
     the workflow's answer too large for the server, which failed the
-    conversation's workflow tasks until it dropped the request."""
+    conversation's workflow tasks until it dropped the request. Lone
+    surrogates a sender put in a key it quotes go on as U+FFFD: the SDK
+    could not write them, and the sender read only "Failure error"."""
+    text = clean_text(text)
     if len(text) > MAX_REFUSAL_CHARS:
         text = text[: MAX_REFUSAL_CHARS - 12] + " ... (cut)."
     return ApplicationError(text, type="InvalidInput", non_retryable=True)
