@@ -135,10 +135,36 @@ def _user_message(message: UserMessage, part: type[dict[str, Any]] = dict) -> di
 
 def _assistant_parts(
     message: AssistantMessage, part: type[dict[str, Any]] = dict
-) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
     """An assistant message as sent (None when it has neither text nor
-    tool calls), and the ids of the calls it makes."""
-    return _assistant_message(message, part), tuple(call.id for call in message.tool_calls)
+    tool calls), and the calls it makes: each id with the id it is sent by."""
+    call_ids = [call.id for call in message.tool_calls]
+    wire_ids = _distinct_wire_ids(call_ids)
+    return _assistant_message(message, wire_ids, part), tuple(zip(call_ids, wire_ids, strict=True))
+
+
+def _distinct_wire_ids(call_ids: list[str]) -> list[str]:
+    """Each call's id as sent, no two alike: a transcript given at the start
+    may repeat an id in one message (the model's answers cannot: the stream
+    renames a repeat), and a server pairs each call with one result by its
+    id, so two calls ``d`` with one result were refused (400) on every later
+    call of the conversation (a robustness audit). A repeat is sent as
+    ``d_2`` (``d_3``, ...: the first such id not taken)."""
+    wire_ids = [wire_call_id(call_id) for call_id in call_ids]
+    if len(set(wire_ids)) == len(wire_ids):
+        return wire_ids
+    taken: set[str] = set(wire_ids)
+    seen: set[str] = set()
+    distinct = []
+    for call_id, wire_id in zip(call_ids, wire_ids, strict=True):
+        if wire_id in seen:
+            number = 2
+            while (wire_id := wire_call_id(f"{call_id}_{number}")) in taken:
+                number += 1
+            taken.add(wire_id)
+        seen.add(wire_id)
+        distinct.append(wire_id)
+    return distinct
 
 
 def _no_memo(message: Any, convert: Callable[[Any], _T]) -> _T:
@@ -181,26 +207,33 @@ def to_openai_messages(
     out: list[dict[str, Any]] = []
     if system_prompt:
         out.append({"role": "system", "content": system_prompt})
-    unanswered: dict[str, None] = {}  # the open batch's calls without a result yet, in order
+    # The open batch's calls without a result yet, in order, by the id each
+    # is sent by; and by call id, those ids (more than one where a
+    # transcript given at the start repeats an id: answered in order).
+    unanswered: dict[str, None] = {}
+    waiting: dict[str, list[str]] = {}
     images: list[dict[str, Any]] = []  # the open batch's result images
 
     def close_batch() -> None:
-        for call_id in unanswered:
-            out.append(
-                {"role": "tool", "tool_call_id": wire_call_id(call_id), "content": "No result provided"}
-            )
+        for wire_id in unanswered:
+            out.append({"role": "tool", "tool_call_id": wire_id, "content": "No result provided"})
         unanswered.clear()
+        waiting.clear()
         if images:
             out.append({"role": "user", "content": list(images)})
             images.clear()
 
     for message in messages:
         if isinstance(message, ToolResultMessage):
-            if message.tool_call_id not in unanswered:
+            wire_ids = waiting.get(message.tool_call_id)
+            if not wire_ids:
                 logger.warning("Left out a tool result that answers no call sent: %s", message.tool_call_id)
                 continue
-            del unanswered[message.tool_call_id]
+            wire_id = wire_ids.pop(0)
+            del unanswered[wire_id]
             tool, returned = converted(message, tool_parts)
+            if tool["tool_call_id"] != wire_id:  # a repeated id's later call: a copy (parts are shared)
+                tool = {**tool, "tool_call_id": wire_id}
             out.append(tool)
             images.extend(returned)
             continue
@@ -210,10 +243,12 @@ def to_openai_messages(
             if user is not None:
                 out.append(user)
         elif isinstance(message, AssistantMessage) and message.stop_reason not in ("error", "aborted"):
-            sent, call_ids = converted(message, assistant_parts)
+            sent, calls = converted(message, assistant_parts)
             if sent is not None:
                 out.append(sent)
-            unanswered.update(dict.fromkeys(call_ids))
+            for call_id, wire_id in calls:
+                unanswered[wire_id] = None
+                waiting.setdefault(call_id, []).append(wire_id)
     close_batch()
     return out
 
@@ -265,7 +300,9 @@ def _image_part(image: ImageContent) -> dict[str, Any]:
     }
 
 
-def _assistant_message(message: AssistantMessage, part: type[dict[str, Any]] = dict) -> dict[str, Any] | None:
+def _assistant_message(
+    message: AssistantMessage, wire_ids: list[str], part: type[dict[str, Any]] = dict
+) -> dict[str, Any] | None:
     """As pi sends one: its text without blank parts (None when there is
     none), its reasoning, its calls; None when it has no text and no
     calls (a thinking-only or blank answer), which servers refuse."""
@@ -283,11 +320,11 @@ def _assistant_message(message: AssistantMessage, part: type[dict[str, Any]] = d
     if message.tool_calls:
         result["tool_calls"] = [
             {
-                "id": wire_call_id(call.id),
+                "id": wire_id,
                 "type": "function",
                 "function": {"name": _wire_tool_name(call.name), "arguments": json.dumps(call.arguments)},
             }
-            for call in message.tool_calls
+            for call, wire_id in zip(message.tool_calls, wire_ids, strict=True)
         ]
     return result
 

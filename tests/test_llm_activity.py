@@ -17,6 +17,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.llm import LlmActivities, _classify
 from activities.openai_chat import (
     MAX_TOOL_CALLS_PER_ANSWER,
+    ConversionMemo,
     StreamAssembler,
     completion_as_chunk,
     to_openai_messages,
@@ -27,6 +28,7 @@ from tests.support.tools import PIXEL_PNG
 from workflows.arguments import MAX_NESTING
 from workflows.contract import LlmRequest
 from workflows.models import (
+    AgentMessage,
     AssistantMessage,
     ImageContent,
     TextContent,
@@ -403,6 +405,43 @@ def test_a_call_left_without_a_result_is_answered_and_a_stray_result_left_out() 
         "tool",
     ]
     assert tool_message_problem(sent) is None
+
+
+@pytest.mark.parametrize("memo", [None, ConversionMemo()], ids=["fresh", "kept"])
+def test_a_start_transcript_repeating_a_call_id_is_sent_with_one_result_per_call(
+    memo: ConversionMemo | None,
+) -> None:
+    """A transcript given at the start may repeat a call id in one message
+    (the model's own answers cannot); the server pairs calls and results by
+    id, so two calls `d` with one result were refused (400) on every later
+    model call of the conversation. A repeat goes as `d_2`, answered in
+    order, or "No result provided"; an id taken already is skipped."""
+    messages: list[AgentMessage] = [
+        GO,
+        _turn("d", "d", "d_2", "d"),
+        _result("d"),
+        _result("d_2"),
+        _result("d"),
+        UserMessage(content="and?", timestamp=0),
+        _turn("x" * 50, "x" * 50),
+        _result("x" * 50),
+    ]
+    for _ in range(2):  # the second time from what the memo kept
+        sent = to_openai_messages(None, messages, memo)
+        assert [c["id"] for c in sent[1]["tool_calls"]] == ["d", "d_3", "d_2", "d_4"]
+        assert [(m.get("tool_call_id"), m.get("content")) for m in sent[2:6]] == [
+            ("d", "result d"),
+            ("d_2", "result d_2"),
+            ("d_3", "result d"),
+            ("d_4", "No result provided"),
+        ]
+        long_ids = [c["id"] for c in sent[7]["tool_calls"]]
+        assert len(set(long_ids)) == 2 and all(len(i) <= 40 for i in long_ids)
+        assert [(m.get("tool_call_id"), m.get("content")) for m in sent[8:]] == [
+            (long_ids[0], "result " + "x" * 50),
+            (long_ids[1], "No result provided"),
+        ]
+        assert tool_message_problem(sent) is None
 
 
 def test_the_scripted_model_refuses_tool_messages_out_of_order() -> None:

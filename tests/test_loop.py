@@ -748,6 +748,39 @@ async def test_a_start_transcript_with_a_call_left_unanswered_still_gets_answers
     assert sent[3]["role"] == "user"
 
 
+async def test_a_start_transcript_repeating_a_call_id_still_gets_answers(stack: Stack) -> None:
+    """Two calls `d` and one result `d` in a transcript given at the start:
+    the model server refused every model call of the conversation (400,
+    "tool_call_ids did not have response messages: d") until a `reset`."""
+    stack.script({"text": "ok"}, {"text": "again"})
+    asked = {"type": "toolCall", "id": "d", "name": "echo", "arguments": {"text": "x"}}
+    messages = [
+        {"role": "user", "content": "echo x twice", "timestamp": 1},
+        {"role": "assistant", "content": [asked, asked], "stopReason": "toolUse", "timestamp": 2},
+        {
+            "role": "toolResult",
+            "toolCallId": "d",
+            "toolName": "echo",
+            "content": [{"type": "text", "text": "x"}],
+            "isError": False,
+            "timestamp": 3,
+        },
+    ]
+    handle = await stack.start(prompt="and?", messages=messages)
+    await handle.execute_update("wait_for_idle")
+    await handle.execute_update("prompt", "still there?")
+    idle = await handle.execute_update("wait_for_idle")
+
+    assert idle["stopReason"] == "stop" and idle["messages"][-1]["content"][0]["text"] == "again"
+    sent = stack.requests()[0]["messages"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["d", "d_2"]
+    assert [(m["tool_call_id"], m["content"]) for m in sent[2:4]] == [
+        ("d", "x"),
+        ("d_2", "No result provided"),
+    ]
+    await handle.signal("close")
+
+
 async def test_a_context_with_nothing_a_model_reads_ends_the_run_with_a_sentence(stack: Stack) -> None:
     """Only an application message and no system prompt: the model server
     was sent `messages: []` and answered 400 in its own words."""
