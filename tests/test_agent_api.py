@@ -99,6 +99,18 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
     twice = "`systemPrompt` is given twice, also as `system_prompt`: give it once."
     assert refused.value.cause.message == twice
     assert (await handle.query("state"))["systemPrompt"] == "Be brief."
+    # JSON has no Infinity or NaN, yet encoders write them: an infinite
+    # maxCost was taken as no limit, unsaid.
+    for value in ("Infinity", "-Infinity", "NaN"):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(
+                "configure", raw_json(f'{{"maxCost": 2, "approvalTimeoutSeconds": {value}}}')
+            )
+        assert isinstance(refused.value.cause, ApplicationError)
+        assert refused.value.cause.message == (
+            f"`approvalTimeoutSeconds` must be a finite number, not {value} (null sets no limit)."
+        )
+    assert (await handle.query("state"))["maxCost"] is None
     # An empty partial object changes nothing and answers with the settings in force.
     assert await handle.execute_update("configure", {}) == settings
     assert (await handle.query("state"))["model"] == other_model

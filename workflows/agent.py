@@ -16,6 +16,7 @@ import asyncio
 import functools
 import itertools
 import json
+import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -806,6 +807,17 @@ class AgentWorkflow:
             if twice:
                 alias, name = twice[0]
                 raise InputError(f"`{alias}` is given twice, also as `{name}`: give it once.")
+            # JSON has no Infinity or NaN, yet Python's and others' encoders
+            # write them: an infinite maxCost was taken as no limit, and NaN
+            # was refused as "not greater than 0".
+            unbounded = [
+                (key, value)
+                for key, value in payload.items()
+                if isinstance(value, float) and not math.isfinite(value)
+            ]
+            if unbounded:
+                key, value = unbounded[0]
+                raise InputError(f"`{key}` must be a finite number, not {json.dumps(value)} (null sets no limit).")
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
             if strict:
