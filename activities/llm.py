@@ -30,7 +30,7 @@ from typing import Any
 
 import openai
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.context_store import ContextMissing, ContextStore, Manifest
 from activities.events import ActivityEventPublisher, attempt_budget
@@ -248,6 +248,9 @@ class LlmActivities:
                 "application messages, or none after the context hooks) and there is no system prompt.",
                 type="EmptyContext",
                 non_retryable=True,
+                # The run ends with this sentence; the worker's log need not
+                # warn with a traceback each time (the SDK logs it at DEBUG).
+                category=ApplicationErrorCategory.BENIGN,
             )
         params: dict[str, Any] = {
             "model": request.model,

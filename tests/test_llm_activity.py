@@ -11,7 +11,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import ActivityEnvironment
 
 from activities.llm import LlmActivities, _classify
@@ -488,6 +488,19 @@ async def test_a_failing_convert_to_llm_is_named_in_the_error() -> None:
     assert raised.value.type == "ContextHookFailed" and raised.value.non_retryable
     said = raised.value.message
     assert said == "The message conversion (convert_to_llm) failed: RuntimeError: convert failed"
+
+
+async def test_a_context_with_nothing_to_send_ends_the_run_without_a_warning_in_the_log() -> None:
+    """An application message steered while idle is a normal turn of a
+    conversation: the run ends with the sentence, and the worker's log had a
+    warning with a traceback for it every time (a robustness audit). Marked
+    benign, the SDK logs it at DEBUG."""
+    llm = LlmActivities(api_key="k", base_url="http://127.0.0.1:9/v1")
+    request = REQUEST.model_copy(update={"messages": []})
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(llm.stream_assistant_response, request)
+    assert raised.value.type == "EmptyContext" and raised.value.non_retryable
+    assert raised.value.category == ApplicationErrorCategory.BENIGN
 
 
 def test_call_ids_and_names_openai_would_refuse_are_sent_as_ones_it_takes() -> None:
