@@ -97,7 +97,11 @@ def private_dirs(path: Path) -> None:
     (parents=True, mode=...)`` gives only the last one the mode and the
     parents the umask's 0755: a payload store's namespace directories were
     listable by every user of the machine). Existing ones are left as they are."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
+    missing = []
+    for directory in (path, *path.parents):
+        if directory.is_dir():
+            break
+        missing.append(directory)
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another writer made it meanwhile
             directory.mkdir(mode=0o700)
