@@ -24,7 +24,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -47,7 +47,7 @@ from activities.openai_chat import (
 from activities.redact import scrub
 from activities.tools import ToolSpec, registered_tools
 from workflows.contract import LlmRequest, LlmResult
-from workflows.hooks import is_user_failure
+from workflows.hooks import failure_text, is_user_failure
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -230,14 +230,25 @@ class LlmActivities:
             if self._transform_context is not None:
                 messages = await _maybe_await(self._transform_context(messages))
             stage = "The message conversion (convert_to_llm)"
-            messages = await _maybe_await(self._convert_to_llm(messages))
+            converted = await _maybe_await(self._convert_to_llm(messages))
+            if self._convert_to_llm is not default_convert_to_llm:
+                # Checked here, so that what it returned is worded as its
+                # failure: None failed later, outside this clause, and the
+                # call was retried five times for it (a robustness audit).
+                messages = _only_messages(converted)
+            else:
+                messages = converted
         except BaseException as err:
             if isinstance(err, asyncio.CancelledError) or not is_user_failure(err):
                 raise
             # User code: a failure ends the run with an error message (SPEC §8),
             # never a retry loop.
+            try:
+                said = f"{type(err).__name__}: {err}"
+            except Exception:  # its __str__ raised: the activity was retried for it
+                said = failure_text(err)
             raise ApplicationError(
-                scrub(f"{stage} failed: {type(err).__name__}: {err}", self._secrets),
+                scrub(f"{stage} failed: {said}", self._secrets),
                 type="ContextHookFailed",
                 non_retryable=True,
             ) from None
@@ -511,6 +522,18 @@ def _seconds_until(http_date: str) -> float | None:
     if when.tzinfo is None:  # "-0000": UTC, by RFC 5322
         when = when.replace(tzinfo=UTC)
     return when.timestamp() - time.time()
+
+
+def _only_messages(returned: Any) -> list[AgentMessage]:
+    """What a ``convert_to_llm`` hook returned as a list of messages, or a
+    ``TypeError`` saying what it was instead."""
+    if isinstance(returned, str | bytes | dict) or not isinstance(returned, Iterable):
+        raise TypeError(f"it returned {type(returned).__name__}, not a list of messages")
+    messages = list(returned)
+    stray = next((m for m in messages if not hasattr(m, "role")), None)
+    if stray is not None:
+        raise TypeError(f"it returned a list holding a {type(stray).__name__}, not only messages")
+    return messages
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -867,6 +867,32 @@ def test_a_key_error_is_worded_by_its_own_str_unless_it_is_a_plain_one_of_text(
     assert failure_text(raised) == text
 
 
+class _StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str exploded")
+
+
+class _StrNotText(Exception):
+    def __str__(self) -> str:
+        return 42  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("raised", "text"),
+    [
+        (_StrRaises(), "_StrRaises (its message could not be read: RuntimeError)"),
+        (_StrNotText(), "_StrNotText (its message could not be read: TypeError)"),
+    ],
+    ids=["str-raises", "str-not-text"],
+)
+def test_an_exception_whose_message_cannot_be_read_is_worded_by_its_type(
+    raised: Exception, text: str
+) -> None:
+    """Raised from `failure_text`, inside the loop's except clauses, it
+    failed every workflow task; inside a tool, it ran the tool again."""
+    assert failure_text(raised) == text
+
+
 async def test_a_before_hook_returning_something_else_is_the_calls_error_and_the_tool_does_not_run() -> None:
     """README: a wrong return value is the call's error result, naming what
     came back; it is no permission to run the call."""

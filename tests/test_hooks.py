@@ -275,6 +275,36 @@ async def test_a_failing_stop_hook_ends_the_run_and_the_next_prompt_works(
     assert result.messages[-1].text == "recovered"
 
 
+async def test_a_hook_raising_an_exception_whose_message_cannot_be_read_is_no_wedge(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """Its `__str__` raised inside the loop's except clause, and every
+    workflow task failed for good, `abort` included (a robustness audit).
+    The type is the message instead: the call's error result, or the run's
+    `error` end."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(
+        model,
+        [
+            {"tool_calls": [call("u1", "echo", text="fail-unreadably-before")]},
+            {"text": "fail-stop-unreadably"},
+        ],
+    )
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go"},
+        id=f"hooks-{uuid.uuid4().hex[:8]}",
+        task_queue=TASK_QUEUE,
+        result_type=SessionResult,
+    )
+    idle = await handle.execute_update("wait_for_idle", result_type=dict)
+    unreadable = "UnreadableError (its message could not be read: RuntimeError)"
+    [result] = [m for m in idle["messages"] if m["role"] == "toolResult"]
+    assert result["isError"] and result["content"][0]["text"] == unreadable
+    assert idle["stopReason"] == "error" and unreadable in idle["messages"][-1]["errorMessage"]
+    await handle.signal("close")
+
+
 async def _start(client: Client, queue: str, model: str, kind: str) -> WorkflowHandle[Any, Any]:
     """A conversation on ``queue`` whose first prompt is "first"."""
     workflow_id = f"{kind}-{uuid.uuid4().hex[:8]}"

@@ -490,6 +490,51 @@ async def test_a_failing_convert_to_llm_is_named_in_the_error() -> None:
     assert said == "The message conversion (convert_to_llm) failed: RuntimeError: convert failed"
 
 
+class _Unreadable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str exploded")
+
+
+def _raises_unreadably(messages: list[Any]) -> list[Any]:
+    raise _Unreadable()
+
+
+@pytest.mark.parametrize(
+    ("hook", "said"),
+    [
+        (
+            {"convert_to_llm": lambda messages: None},
+            "failed: TypeError: it returned NoneType, not a list of messages",
+        ),
+        (
+            {"convert_to_llm": lambda messages: "garbage"},
+            "failed: TypeError: it returned str, not a list of messages",
+        ),
+        (
+            {"convert_to_llm": lambda messages: [1, 2]},
+            "failed: TypeError: it returned a list holding a int, not only messages",
+        ),
+        (
+            {"transform_context": _raises_unreadably},
+            "The context transform failed: _Unreadable (its message could not be read: RuntimeError)",
+        ),
+    ],
+    ids=["none", "text", "not-messages", "unreadable-failure"],
+)
+async def test_what_a_context_hook_returns_or_raises_ends_the_run_with_a_sentence_not_retries(
+    hook: dict[str, Any], said: str
+) -> None:
+    """A `convert_to_llm` returning None failed after the hook's clause,
+    and a failure whose message could not be read failed inside it: either
+    way the model call was retried five times, then ended with Python's
+    words (a robustness audit). Now a final error naming the hook."""
+    llm = LlmActivities(api_key="k", base_url="http://127.0.0.1:9/v1", **hook)
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(llm.stream_assistant_response, REQUEST)
+    assert raised.value.type == "ContextHookFailed" and raised.value.non_retryable
+    assert said in raised.value.message
+
+
 async def test_a_context_with_nothing_to_send_ends_the_run_without_a_warning_in_the_log() -> None:
     """An application message steered while idle is a normal turn of a
     conversation: the run ends with the sentence, and the worker's log had a

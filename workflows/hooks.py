@@ -151,9 +151,17 @@ def failure_text(err: BaseException) -> str:
     its type with it where the message alone says little (``SystemExit: 1``).
     A ``KeyError``'s message is its argument, not Python's quoted repr of it."""
     quoted = type(err) is KeyError and len(err.args) == 1 and isinstance(err.args[0], str)
+    try:
+        message = err.args[0] if quoted else str(err)
+    except Exception as unreadable:
+        # Its ``__str__`` raised (or returned no text): raised from here,
+        # in a hook's or shim's except clause, that failed every workflow
+        # task; in a tool, it failed the activity and ran the tool again
+        # (a robustness audit).
+        return f"{type(err).__name__} (its message could not be read: {type(unreadable).__name__})"
     # A lone surrogate (a file name read with surrogateescape) cannot be
     # written as UTF-8: let through, every workflow task failed on it.
-    text = clean_text(err.args[0] if quoted else str(err))
+    text = clean_text(message)
     if not isinstance(err, Exception | asyncio.CancelledError):
         return f"{type(err).__name__}: {text}" if text else type(err).__name__
     return text or type(err).__name__

@@ -44,6 +44,8 @@ class GuardedHooks(AgentHooks):
             raise FileNotFoundError("no file named caf\udce9")  # as os.listdir gives an undecodable name
         if context.args.get("text") == "approve-with-a-lone-surrogate":
             return RequireApproval(reason="asks for caf\udce9")
+        if context.args.get("text") == "fail-unreadably-before":
+            raise UnreadableError()
         if context.args.get("text") == "fail-before":
             raise RuntimeError("before hook failed")
         if context.args.get("text") == "cancel-before":
@@ -79,7 +81,16 @@ class GuardedHooks(AgentHooks):
             return True
         if context.message.text == "fail-stop":
             raise RuntimeError("stop hook failed")
+        if context.message.text == "fail-stop-unreadably":
+            raise UnreadableError()
         return False
+
+
+class UnreadableError(Exception):
+    """An exception whose message cannot be read: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str exploded")
 
 
 async def _forever() -> None:
