@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import threading
 from types import TracebackType
 from typing import Any
 
@@ -86,6 +87,15 @@ class ActivityEventPublisher:
         # now: a first event may be published from a task or callback outside
         # it (a tool's executor thread, say), where the flush loop starts.
         self._context = contextvars.copy_context()
+        # The activity's event loop and its thread: a tool may report from a
+        # thread of its own (``asyncio.to_thread``, as the README advises for
+        # blocking work), where there is no running loop and asyncio's
+        # objects must not be touched (its report failed the tool).
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._thread = threading.get_ident()
         self._stream: WorkflowStreamClient | None = None
         self._run_ended = False
         self._call = call
@@ -138,6 +148,11 @@ class ActivityEventPublisher:
         self._buffer_event({"type": "message_update", "assistantMessageEvent": dict(delta)}, flush)
 
     def _buffer_event(self, event: dict[str, Any], flush: bool) -> None:
+        if self._loop is not None and threading.get_ident() != self._thread:
+            # From another thread: buffered on the loop's, in order (a call
+            # queued before the thread's work is seen to end).
+            self._loop.call_soon_threadsafe(self._buffer_event, event, flush)
+            return
         _append_merged(self._buffer, event)
         if self._loop_task is None and not self._closing:
             self._loop_task = asyncio.get_running_loop().create_task(self._flush_loop())

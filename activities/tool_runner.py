@@ -38,7 +38,7 @@ from activities.tools import (
     parse_arguments,
     registered_tools,
 )
-from workflows.arguments import MAX_NESTING, nesting_depth
+from workflows.arguments import MAX_NESTING, clean_json, clean_text, nesting_depth
 from workflows.contract import ToolRequest
 from workflows.hooks import failure_text, is_user_failure
 from workflows.models import (
@@ -95,12 +95,20 @@ class ToolActivities:
                 f"Tool {call.name} is not available on this worker: it was removed or renamed "
                 "after this conversation started."
             )
+        info = activity.info()
+        key = request.idempotency_key or f"{info.workflow_id}/{info.activity_id}"
         try:
             args = parse_arguments(spec, call.arguments)
         except ToolArgumentsError as err:
-            return _error(str(err))
-        info = activity.info()
-        key = request.idempotency_key or f"{info.workflow_id}/{info.activity_id}"
+            return self._capped_error(str(err), info.workflow_id or "", key)
+        except BaseException as err:
+            # A validator of the tool's own raising what pydantic does not
+            # wrap (a RuntimeError, SystemExit): it failed the activity,
+            # which was tried three times for it (a robustness audit).
+            if not is_user_failure(err):
+                raise
+            said = f'Validation failed for tool "{call.name}": {failure_text(err)}'
+            return self._capped_error(said, info.workflow_id or "", key)
         async with ActivityEventPublisher(
             request.stream_batch_ms, attempt_budget(request.max_batches, info.attempt)
         ) as events:
@@ -118,7 +126,9 @@ class ToolActivities:
                             tool_call_id=call.id,
                             tool_name=call.name,
                             args=call.arguments,
-                            partial_result=scrub_json(_as_result_json(partial), self._secrets),
+                            # Cleaned: a lone surrogate failed the batch's signal,
+                            # then the activity, after the tool had run.
+                            partial_result=clean_json(scrub_json(_as_result_json(partial), self._secrets)),
                         ),
                         flush=not reported,
                     )
@@ -146,7 +156,7 @@ class ToolActivities:
                     if not is_user_failure(err):  # the activity's cancellation, among others
                         raise
                     # SystemExit and the like too: going up, they stopped the worker process.
-                    outcome = _error(failure_text(err))
+                    outcome = self._capped_error(failure_text(err), info.workflow_id or "", key)
                 finally:
                     TOOL_SECRETS.reset(secrets)
                     _current.reset(token)
@@ -193,8 +203,30 @@ class ToolActivities:
         try:
             bounded.model_dump_json()
         except (ValueError, TypeError) as err:
-            return _error(f"The tool's result could not be encoded as JSON: {err}")
+            # Text with a lone surrogate (a file name read with
+            # surrogateescape) goes on with U+FFFD, as a failure's text
+            # does: refused whole, a tool that had acted (deleted the file)
+            # looked to the model as if it had failed (a robustness audit).
+            cleaned = bounded.model_copy(
+                update={
+                    "content": [
+                        c.model_copy(update={"text": clean_text(c.text)}) if isinstance(c, TextContent) else c
+                        for c in bounded.content
+                    ],
+                    "details": clean_json(bounded.details),
+                }
+            )
+            try:
+                cleaned.model_dump_json()
+            except (ValueError, TypeError):
+                return _error(f"The tool's result could not be encoded as JSON: {err}")
+            return cleaned
         return bounded
+
+    def _capped_error(self, text: str, workflow_id: str, key: str) -> ToolOutcome:
+        """An error result, its text capped as a result's is: a tool raising
+        with a 10 MB message sent it whole to the model (a robustness audit)."""
+        return self.cap_output(_error(text), workflow_id, key)
 
     def cap_output(self, outcome: ToolOutcome, workflow_id: str, key: str) -> ToolOutcome:
         """Keep at most ``output_cap`` characters of text for the model, with

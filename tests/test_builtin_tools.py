@@ -13,10 +13,11 @@ import time
 import tracemalloc
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pydantic_core
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 from temporalio.testing import ActivityEnvironment
 
 import activities.events as events_module
@@ -979,3 +980,143 @@ async def test_progress_a_tool_reports_is_sent_without_the_workers_secrets(
     sent = published + list(outcome.events)  # sent at once, or left for the result to carry
     assert [e["type"] for e in sent] == ["tool_execution_update"]
     assert secret not in repr(sent) and "[redacted]" in repr(sent)
+
+
+# --- what a user's tool can hand back (a robustness audit) ----------------------------
+
+
+class _Unreadable(Exception):
+    """An exception whose message cannot be read: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str exploded")
+
+
+async def test_a_tool_raising_an_exception_whose_message_cannot_be_read_runs_once(no_stream: None) -> None:
+    """Wording it raised again: the activity failed, and the tool ran three times."""
+    runs: list[int] = []
+
+    async def unreadable(args: _NoArgs) -> str:
+        runs.append(1)
+        raise _Unreadable()
+
+    outcome = await run_t(runner_of(unreadable))
+
+    assert outcome.is_error and runs == [1]
+    assert outcome.content[0].text == "_Unreadable (its message could not be read: RuntimeError)"  # type: ignore[union-attr]
+
+
+class _CheckedArgs(BaseModel):
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, value: str) -> str:
+        raise RuntimeError(f"cannot check {value}")  # not a ValueError: pydantic does not wrap it
+
+
+async def test_an_argument_validator_raising_is_the_calls_error_and_the_tool_does_not_run(
+    no_stream: None,
+) -> None:
+    """It failed the activity, tried three times, the tool never running."""
+    runs: list[int] = []
+
+    async def checked(args: _CheckedArgs) -> str:
+        runs.append(1)
+        return "ran"
+
+    outcome = await run_t(runner_of(checked, args_model=_CheckedArgs), {"path": "/etc"})
+
+    assert outcome.is_error and runs == []
+    assert outcome.content[0].text == 'Validation failed for tool "t": cannot check /etc'  # type: ignore[union-attr]
+
+
+async def test_a_result_with_a_lone_surrogate_is_kept_with_a_replacement(no_stream: None) -> None:
+    """A file name read with surrogateescape: the whole result was replaced
+    by "could not be encoded as JSON", though the tool had acted."""
+
+    async def deletes(args: _NoArgs) -> ToolResult:
+        return ToolResult(content="deleted caf\udce9.txt", details={"removed": ["caf\udce9.txt"]})
+
+    outcome = await run_t(runner_of(deletes))
+
+    assert not outcome.is_error
+    assert outcome.content[0].text == "deleted caf\ufffd.txt"  # type: ignore[union-attr]
+    assert outcome.details == {"removed": ["caf\ufffd.txt"]}
+
+
+async def test_an_error_message_is_capped_as_a_result_is(no_stream: None, tmp_path: Path) -> None:
+    """A tool raising with a 10 MB message sent it whole to the model."""
+
+    async def loud(args: _NoArgs) -> str:
+        raise RuntimeError("x" * 10_000)
+
+    outcome = await run_t(runner_of(loud, output_cap=100, output_dir=tmp_path))
+
+    assert outcome.is_error
+    text = outcome.content[0].text  # type: ignore[union-attr]
+    assert text.startswith("x" * 100 + "\n[Output truncated: 10000 characters") and len(text) < 300
+    assert Path(outcome.details["fullOutputPath"]).read_text() == "x" * 10_000
+
+
+class _EncodingStream:
+    """A stream that writes each batch as the SDK's converter would (UTF-8
+    JSON), so what it cannot write fails the flush, as the real one does."""
+
+    sent: ClassVar[list[Any]] = []  # what every such stream sent, in order
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    def topic(self, _name: str) -> Any:
+        return self
+
+    def publish(self, event: Any) -> None:
+        self.pending.append(event)
+
+    async def flush(self) -> None:
+        for event in self.pending:
+            pydantic_core.to_json(event)
+        _EncodingStream.sent.extend(self.pending)
+        self.pending.clear()
+
+
+@pytest.fixture
+def encoding_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_EncodingStream, "sent", [])
+    monkeypatch.setattr(events_module, "run_stream_client", _EncodingStream)
+
+
+async def test_progress_with_a_lone_surrogate_is_sent_with_a_replacement(encoding_stream: None) -> None:
+    """Its batch could not be written: the activity failed after the tool
+    had run, and the tool ran three times."""
+
+    async def reports(args: _NoArgs) -> str:
+        report_progress("reading caf\udce9")
+        await asyncio.sleep(0.2)  # the first report is sent at once
+        return "done"
+
+    outcome = await run_t(runner_of(reports))
+
+    assert not outcome.is_error and outcome.content[0].text == "done"  # type: ignore[union-attr]
+    [sent] = _EncodingStream.sent
+    assert sent["partialResult"]["content"][0]["text"] == "reading caf\ufffd"
+
+
+async def test_progress_reported_from_a_thread_reaches_the_stream(encoding_stream: None) -> None:
+    """The README advises `asyncio.to_thread` for blocking work; a report
+    from there raised "no running event loop" and failed the tool."""
+
+    def blocking_work() -> str:
+        for step in range(3):
+            report_progress(f"step {step}")
+        return "done"
+
+    async def threaded(args: _NoArgs) -> str:
+        return await asyncio.to_thread(blocking_work)
+
+    outcome = await run_t(runner_of(threaded))
+
+    assert not outcome.is_error and outcome.content[0].text == "done"  # type: ignore[union-attr]
+    sent = _EncodingStream.sent + outcome.events
+    assert [e["partialResult"]["content"][0]["text"] for e in sent] == ["step 0", "step 1", "step 2"]
