@@ -357,7 +357,11 @@ class ActivityCalls:
         self.on_change()
         try:
             outcome = await handle
-        except (ActivityError, asyncio.CancelledError) as err:
+        except (FailureError, asyncio.CancelledError) as err:
+            # An activity task's failure arrives as an ActivityError; a
+            # local activity's as its bare cause (an ApplicationError),
+            # which, let through, failed the whole conversation (a
+            # robustness audit).
             if isinstance(err, asyncio.CancelledError) and not self._session.abort_requested:
                 raise
             aborted = self._session.abort_requested
