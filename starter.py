@@ -53,6 +53,7 @@ from console import EventRenderer, approval_hint, chat, skipped_note, watch
 from console.render import end_streamed_line, terminal_safe
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
+from workflows.arguments import clean_text
 
 THINKING_LEVELS = ["off", "minimal", "low", "medium", "high", "xhigh"]
 
@@ -516,8 +517,21 @@ _kept = _whole("a number of messages to keep", 0)  # fork --at: refused before c
 _count = _whole("a count", 1)
 
 
+def _cleaned(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments with what is not UTF-8 replaced by U+FFFD: Python
+    reads such bytes (``$'caf\\xe9'`` in a UTF-8 terminal) as lone
+    surrogates, which no payload can carry, and every command that sent
+    one ended in a traceback (an operator audit)."""
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            setattr(args, name, clean_text(value))
+        elif isinstance(value, list):
+            setattr(args, name, [clean_text(v) if isinstance(v, str) else v for v in value])
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = _cleaned(build_parser().parse_args(argv))
     try:
         code = asyncio.run(run_command(args))
     except (UserError, ServerUnreachable, SettingsError) as err:

@@ -267,6 +267,7 @@ def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> None:
         return item
 
     chat._input.prompt_async = prompt_async  # type: ignore[method-assign]
+    chat._piped = False  # typed, as at a terminal (pytest's stdin is none)
 
 
 async def test_ctrl_d_leaves_the_chat() -> None:

@@ -1553,3 +1553,70 @@ async def test_chat_approve_and_reject_decide_the_call_they_name() -> None:
 
     assert recorded.sent == [("approve", "c2", True, None), ("approve", "c3", False, "not that one")]
     assert list(chat._approvals) == ["c1"]
+
+
+# --- input that is not typed ---------------------------------------------------------------
+
+
+async def _user_texts(stack: Stack, conversation_id: str, count: int) -> list[str]:
+    """The conversation's user messages, once it has ``count`` of them."""
+    conversation = Conversation(stack.client, conversation_id)
+    for _ in range(100):
+        texts = [m.content for m in await conversation.messages() if isinstance(m, UserMessage)]
+        if len(texts) >= count:
+            return [t if isinstance(t, str) else "" for t in texts]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{conversation_id} has {texts}")
+
+
+async def test_chat_reads_a_file_redirected_to_it_line_by_line_whatever_its_bytes(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """`chat < file` sent nothing and exited 0 (prompt_toolkit's editor read
+    the file as no input); a line that is not UTF-8 ended in a traceback;
+    a last line without a newline was dropped (an operator audit)."""
+    stack.script({"text": "one"}, {"text": "two"})
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes(b"hi\ncaf\xe9 and more")  # no newline at the end
+    conversation_id = f"chat-file-{uuid.uuid4().hex[:6]}"
+    with lines.open("rb") as given:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(ROOT / "starter.py"),
+            "chat",
+            "--id",
+            conversation_id,
+            "--model",
+            stack.model,
+            cwd=ROOT,
+            env=client_env(stack.dev_server),
+            stdin=given,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
+
+    assert process.returncode == 0 and b"Traceback" not in stderr, stderr
+    assert await _user_texts(stack, conversation_id, 2) == ["hi", "caf\ufffd and more"]
+
+
+async def test_an_argument_that_is_not_utf8_is_sent_with_a_replacement(stack: Stack) -> None:
+    """`starter.py steer ID $'caf\\xe9'` ended in a traceback (a lone
+    surrogate no payload can carry), as did every command taking text."""
+    conversation = await stack.conversation()
+    stack.script({"text": "ok"})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "starter.py"),
+        "follow-up",
+        conversation.id,
+        b"caf\xe9",
+        cwd=ROOT,
+        env=client_env(stack.dev_server),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
+
+    assert process.returncode == 0 and not stderr, stderr
+    assert await _user_texts(stack, conversation.id, 1) == ["caf\ufffd"]
