@@ -116,6 +116,8 @@ class Settings:
     """AGENT_CONTEXT_CACHE_MB: stored context (as JSON) the worker keeps parsed in memory."""
     core_threads: int | None = None
     """AGENT_CORE_THREADS: threads of the SDK's Rust core (None: unset; see ``worker.core_threads``)."""
+    tokio_worker_threads: int | None = None
+    """TOKIO_WORKER_THREADS as given (the Rust core reads it from the environment; checked here)."""
     shutdown_grace: float = 5.0
     log_level: str = "INFO"
     metrics_port: int | None = None
@@ -201,6 +203,13 @@ class Settings:
                 if text("AGENT_CORE_THREADS")
                 else None
             ),
+            # Read by the SDK's Rust core itself, where a bad value is a panic
+            # and a traceback (an operator audit): checked here, not kept.
+            tokio_worker_threads=(
+                int(_number(env, "TOKIO_WORKER_THREADS", 1, whole=True, positive=True, maximum=256))
+                if text("TOKIO_WORKER_THREADS")
+                else None
+            ),
             shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0, maximum=86_400),
             log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
             metrics_port=_port(env, "AGENT_METRICS_PORT"),
@@ -218,6 +227,25 @@ class Settings:
         return replace(settings, **overrides) if overrides else settings
 
     def check(self) -> None:
+        host, colon, port = self.address.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            # The SDK's own words ("invalid target URL") named no setting,
+            # and from starter.py came with a traceback (an operator audit).
+            raise SettingsError(
+                f"TEMPORAL_ADDRESS must be HOST:PORT (such as localhost:7233), got {self.address!r}."
+            )
+        for name, url in (
+            ("TEMPORAL_UI_URL", self.ui_url),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", self.otel_endpoint),
+        ):
+            if url is not None and not _is_http_url(url):
+                raise SettingsError(f"{name} must be an http:// or https:// URL, got {url!r}.")
+        for origin in self.codec_cors_origins:
+            if not _is_http_url(origin):
+                raise SettingsError(
+                    f"AGENT_CODEC_CORS_ORIGINS holds {origin!r}: each origin is an http:// or https:// "
+                    "URL such as http://localhost:8233."
+                )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError(
                 "TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY go together (mutual TLS): set both or neither."
@@ -424,6 +452,12 @@ def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value is None:
         raise SettingsError(f"{name} must be on or off, got {raw!r}.")
     return value
+
+
+def _is_http_url(text: str) -> bool:
+    """Whether ``text`` is an http(s) URL with a host."""
+    scheme, _, rest = text.partition("://")
+    return scheme.lower() in ("http", "https") and bool(rest.split("/", 1)[0])
 
 
 def _port(env: Mapping[str, str], name: str) -> int | None:

@@ -53,12 +53,31 @@ from worker import build_worker, what_must_match
         ("AGENT_CONTEXT_CACHE_MB", "0", "AGENT_CONTEXT_CACHE_MB must be above 0, got '0'."),
         ("AGENT_CONTEXT_CACHE_MB", "1.5", "AGENT_CONTEXT_CACHE_MB must be a whole number"),
         ("AGENT_GRPC_COMPRESSION", "zstd", "AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got 'zstd'."),
+        # Found by an operator audit: a panic and a traceback, or the SDK's
+        # words naming no setting, or taken and failing unseen later.
+        ("TOKIO_WORKER_THREADS", "abc", "TOKIO_WORKER_THREADS must be a whole number"),
+        ("TOKIO_WORKER_THREADS", "0", "TOKIO_WORKER_THREADS must be above 0, got '0'."),
+        ("TEMPORAL_ADDRESS", "localhost:abc", "TEMPORAL_ADDRESS must be HOST:PORT (such as localhost:7233)"),
+        ("TEMPORAL_ADDRESS", "::::", "TEMPORAL_ADDRESS must be HOST:PORT"),
+        ("TEMPORAL_ADDRESS", "localhost", "TEMPORAL_ADDRESS must be HOST:PORT"),
+        ("TEMPORAL_UI_URL", "notaurl", "TEMPORAL_UI_URL must be an http:// or https:// URL, got 'notaurl'."),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "notaurl",
+            "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https://",
+        ),
+        ("AGENT_CODEC_CORS_ORIGINS", "http://ok:1,notaurl", "AGENT_CODEC_CORS_ORIGINS holds 'notaurl'"),
     ],
 )
 def test_a_setting_no_worker_can_use_is_refused_naming_it(name: str, value: str, message: str) -> None:
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({name: value})
     assert str(refused.value).startswith(message)
+
+
+def test_addresses_of_every_form_a_server_has_are_taken() -> None:
+    for address in ("localhost:7233", "[::1]:7233", "10.0.0.5:7233", "my-ns.a1b2c.tmprl.cloud:7233"):
+        assert Settings.from_env({"TEMPORAL_ADDRESS": address}).address == address
 
 
 @pytest.mark.parametrize(
