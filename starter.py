@@ -92,7 +92,18 @@ async def cmd_run(client: Client, settings: Settings, args: argparse.Namespace) 
     )
     print(f"conversation {conversation.id}: {settings.workflow_url(conversation.id)}", file=sys.stderr)
     # The start's prompt is the first run.
-    code = await _stream_run(conversation, conversation.events(on_skipped=_say_skipped))
+    try:
+        code = await _stream_run(conversation, conversation.events(on_skipped=_say_skipped))
+    except asyncio.CancelledError:
+        # Ctrl-C stops what `run` started, as the chat's first Ctrl-C does:
+        # it left the run going, billed, unseen (an operator audit).
+        try:
+            await asyncio.wait_for(conversation.abort(), 10)
+            said = f"aborted the run; conversation {conversation.id} closes itself"
+        except Exception as err:
+            said = f"the run goes on: abort it with python starter.py abort {conversation.id} ({err})"
+        _note(said)
+        raise
     if code is None:
         await conversation.result()  # the workflow ended without a run: this raises why
         raise UserError("The conversation ended without an answer.")
@@ -517,6 +528,18 @@ _kept = _whole("a number of messages to keep", 0)  # fork --at: refused before c
 _count = _whole("a count", 1)
 
 
+def _stopped_waiting(args: argparse.Namespace) -> str | None:
+    """What Ctrl-C left going, for the commands that wait on a conversation
+    (they exited 130 without a word; an operator audit). ``run`` says it
+    itself: it aborts its run."""
+    conversation = getattr(args, "id", None)
+    if args.command == "watch":
+        return "stopped watching; the conversation goes on."
+    if args.command == "wait" or (args.command in ("prompt", "continue") and getattr(args, "wait", False)):
+        return f"stopped waiting; the run goes on (python starter.py abort {conversation} stops it)."
+    return None
+
+
 def _cleaned(args: argparse.Namespace) -> argparse.Namespace:
     """The arguments with what is not UTF-8 replaced by U+FFFD: Python
     reads such bytes (``$'caf\\xe9'`` in a UTF-8 terminal) as lone
@@ -537,9 +560,10 @@ def main(argv: list[str] | None = None) -> None:
     except (UserError, ServerUnreachable, SettingsError) as err:
         print(f"error: {terminal_safe(str(err))}", file=sys.stderr)
         code = 2
-    except KeyboardInterrupt:
-        code = 130
-    except WorkflowUpdateRPCTimeoutOrCancelledError:  # Ctrl-C in an SDK call the client does not wrap
+    except (KeyboardInterrupt, WorkflowUpdateRPCTimeoutOrCancelledError):  # the latter: in an SDK call
+        said = _stopped_waiting(args)
+        if said:
+            _note(said)
         code = 130
     except BrokenPipeError:  # the reader went away (`watch ID --json | head`)
         code = 0

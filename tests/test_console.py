@@ -1309,7 +1309,7 @@ async def test_a_lost_server_is_one_note_not_the_sdks_log_lines(tmp_path: Path) 
         line.decode()
         == f"note: the Temporal server at {server.address} does not answer; retrying until it does.\n"
     )
-    assert rest == b""
+    assert rest == b"note: stopped watching; the conversation goes on.\n"
 
 
 async def test_chat_text_typed_while_a_call_waits_for_approval_steers_the_run(stack: Stack) -> None:
@@ -1620,3 +1620,27 @@ async def test_an_argument_that_is_not_utf8_is_sent_with_a_replacement(stack: St
 
     assert process.returncode == 0 and not stderr, stderr
     assert await _user_texts(stack, conversation.id, 1) == ["caf\ufffd"]
+
+
+async def test_ctrl_c_in_run_aborts_its_run_and_says_so(stack: Stack) -> None:
+    """It exited 130 without a word and the run went on, billed, to its end
+    (an operator audit); the chat's first Ctrl-C already aborts its run."""
+    stack.script({"text": "a long answer " * 50, "delay_ms": 20})
+    process = await spawn_starter(stack.dev_server, "run", "tell me", "--model", stack.model)
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        started = (await asyncio.wait_for(process.stderr.readline(), 20)).decode()
+        conversation_id = started.split()[1].rstrip(":")
+        await asyncio.wait_for(process.stdout.read(20), 20)  # the answer is streaming
+        process.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(process.stderr.read(), 20)).decode()
+        assert await process.wait() == 130
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    assert rest.strip() == f"note: aborted the run; conversation {conversation_id} closes itself", rest
+    handle = stack.client.get_workflow_handle(conversation_id)
+    result = await asyncio.wait_for(handle.result(), 20)
+    assert result["messages"][-1]["stopReason"] == "aborted"
