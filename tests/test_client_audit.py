@@ -319,6 +319,19 @@ async def test_a_retried_call_waits_from_its_next_attempt_not_its_first() -> Non
 # --- queries and state ----------------------------------------------------------------
 
 
+async def test_a_query_the_server_refuses_for_want_of_pollers_says_no_worker_answered() -> None:
+    """With its workers gone a while the server refuses a query at once
+    ("no poller seen for task queue recently"): `state` printed the
+    server's words, not the README's sentence (an operator audit)."""
+    fake = FakeClient()
+    fake.handle.query_as = RPCError(
+        "no poller seen for task queue recently, worker may be down", RPCStatusCode.FAILED_PRECONDITION, b""
+    )
+    fake.handle.describe_as = described_on("agent")
+    with pytest.raises(Refused, match=r"did not answer `state` within 30 s: no worker on task queue 'agent'"):
+        await bare_conversation(fake)._query("state", dict)
+
+
 async def test_a_query_cancelled_by_the_server_says_no_worker_answered() -> None:
     """A query the server gave up (CANCELLED) is the sentence naming the task queue, not a raw RPC error."""
     fake = FakeClient()
