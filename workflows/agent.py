@@ -817,7 +817,9 @@ class AgentWorkflow:
             ]
             if unbounded:
                 key, value = unbounded[0]
-                raise InputError(f"`{key}` must be a finite number, not {json.dumps(value)} (null sets no limit).")
+                raise InputError(
+                    f"`{key}` must be a finite number, not {json.dumps(value)} (null sets no limit)."
+                )
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
             if strict:

@@ -18,7 +18,8 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contract import LlmRequest, LlmResult, SessionDefaults, ToolRequest
@@ -365,7 +366,7 @@ class ActivityCalls:
             if isinstance(err, asyncio.CancelledError) and not self._session.abort_requested:
                 raise
             aborted = self._session.abort_requested
-            return error_outcome(ABORTED_TEXT if aborted else activity_failure_text(err))
+            return error_outcome(ABORTED_TEXT if aborted else _tool_failure_text(err))
         finally:
             self._tools.pop(call.id, None)
             self.on_change()
@@ -423,6 +424,22 @@ def activity_failure_text(err: BaseException) -> str:
             messages.append(current.message)
         current = current.__cause__
     return messages[-1] if messages else str(err) or type(err).__name__
+
+
+def _tool_failure_text(err: BaseException) -> str:
+    """A tool activity's failure as its result says it; a heartbeat timeout
+    with what usually causes it (the bare "activity Heartbeat timeout" left
+    a tool author guessing; a robustness audit)."""
+    current: BaseException | None = err
+    while current is not None:
+        if isinstance(current, TemporalTimeoutError) and current.type == TimeoutType.HEARTBEAT:
+            return (
+                f"The tool stopped heartbeating for {HEARTBEAT_TIMEOUT.total_seconds():g} s and was given "
+                f"up (tried {TOOL_RETRY.maximum_attempts} times): it blocks the worker's event loop "
+                "(time.sleep, blocking I/O: run such work with asyncio.to_thread), or its worker died."
+            )
+        current = current.__cause__
+    return activity_failure_text(err)
 
 
 def tool_summary(name: str, args: dict[str, Any]) -> str:
