@@ -166,6 +166,11 @@ def tool(
 
     def register(function: ToolFunction) -> ToolFunction:
         tool_name = name or function.__name__
+        if inspect.isasyncgenfunction(function):  # an `async def` too: "must be async def" puzzled
+            raise TypeError(
+                f"Tool {tool_name!r} must be an `async def` function that returns its result, not an "
+                "async generator (`yield`): report progress with report_progress() and return the result."
+            )
         if not inspect.iscoroutinefunction(function):
             raise TypeError(f"Tool {tool_name!r} must be an `async def` function.")
         params = list(inspect.signature(function).parameters.values())

@@ -5,6 +5,7 @@ read (a schema whose root is a reference)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -131,6 +132,18 @@ def test_a_tool_that_is_not_async_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"^Tool 'blocking' must be an `async def` function\.$"):
         tool(description="Blocks.")(blocking)  # type: ignore[arg-type]
+
+
+def test_an_async_generator_is_refused_saying_so() -> None:
+    """It is an `async def` too: "must be an `async def` function" puzzled (a robustness audit)."""
+
+    async def streaming(args: Text) -> AsyncIterator[str]:
+        yield "part"
+
+    with pytest.raises(
+        TypeError, match=r"^Tool 'streaming' must be an `async def` function that returns its result"
+    ):
+        tool(description="Streams.")(streaming)  # type: ignore[arg-type]
 
 
 def test_a_tool_taking_more_than_its_arguments_model_is_refused() -> None:
