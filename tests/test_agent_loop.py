@@ -12,13 +12,11 @@ from typing import Any
 
 import pytest
 from pydantic_core import to_json
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutType
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.worker._workflow_instance import _WorkflowBeingEvictedError
 
 from tests.support.fake_loop import FakeAgent, calls, say, user
 from workflows.arguments import MAX_NESTING, ToolArgumentsError, validate_tool_arguments
-from workflows.calls import _tool_failure_text, tool_summary
+from workflows.calls import tool_summary
 from workflows.hooks import (
     AgentHooks,
     BlockToolCall,
@@ -1151,31 +1149,3 @@ async def test_text_a_hook_gives_with_a_lone_surrogate_is_written_with_a_replace
     }
     to_json(fake.events)  # every event can be written
     assert messages[-1].text == "ok"
-
-
-def _failed_activity(cause: BaseException) -> ActivityError:
-    failed = ActivityError(
-        "Activity task failed",
-        scheduled_event_id=5,
-        started_event_id=6,
-        identity="worker",
-        activity_type="execute_tool",
-        activity_id="tool-c1",
-        retry_state=RetryState.MAXIMUM_ATTEMPTS_REACHED,
-    )
-    failed.__cause__ = cause
-    return failed
-
-
-def test_a_tool_given_up_for_want_of_heartbeats_says_what_usually_causes_it() -> None:
-    """The result read "activity Heartbeat timeout": a tool blocking the
-    event loop with time.sleep left its author guessing (a robustness audit)."""
-    timed_out = TemporalTimeoutError(
-        "activity Heartbeat timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[]
-    )
-    assert _tool_failure_text(_failed_activity(timed_out)) == (
-        "The tool stopped heartbeating for 3 s and was given up (tried 3 times): it blocks the worker's "
-        "event loop (time.sleep, blocking I/O: run such work with asyncio.to_thread), or its worker died."
-    )
-    other = ApplicationError("disk full")
-    assert _tool_failure_text(_failed_activity(other)) == "disk full"

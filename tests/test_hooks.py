@@ -256,13 +256,7 @@ async def test_a_failing_stop_hook_ends_the_run_and_the_next_prompt_works(
 ) -> None:
     model = f"hooks-{uuid.uuid4().hex[:6]}"
     model_server.script(model, [{"text": "fail-stop"}, {"text": "recovered"}])
-    handle = await client.start_workflow(
-        "AgentWorkflow",
-        {"model": model, "prompt": "go"},
-        id=f"hooks-{uuid.uuid4().hex[:8]}",
-        task_queue=TASK_QUEUE,
-        result_type=SessionResult,
-    )
+    handle = await _go(client, model)
     idle = await handle.execute_update("wait_for_idle", result_type=dict)
     assert idle["stopReason"] == "error"
     assert "stop hook failed" in idle["messages"][-1]["errorMessage"]
@@ -290,19 +284,24 @@ async def test_a_hook_raising_an_exception_whose_message_cannot_be_read_is_no_we
             {"text": "fail-stop-unreadably"},
         ],
     )
-    handle = await client.start_workflow(
-        "AgentWorkflow",
-        {"model": model, "prompt": "go"},
-        id=f"hooks-{uuid.uuid4().hex[:8]}",
-        task_queue=TASK_QUEUE,
-        result_type=SessionResult,
-    )
+    handle = await _go(client, model)
     idle = await handle.execute_update("wait_for_idle", result_type=dict)
     unreadable = "UnreadableError (its message could not be read: RuntimeError)"
     [result] = [m for m in idle["messages"] if m["role"] == "toolResult"]
     assert result["isError"] and result["content"][0]["text"] == unreadable
     assert idle["stopReason"] == "error" and unreadable in idle["messages"][-1]["errorMessage"]
     await handle.signal("close")
+
+
+async def _go(client: Client, model: str) -> WorkflowHandle[Any, SessionResult]:
+    """A conversation on the hooks worker whose first prompt is "go"."""
+    return await client.start_workflow(
+        "AgentWorkflow",
+        {"model": model, "prompt": "go"},
+        id=f"hooks-{uuid.uuid4().hex[:8]}",
+        task_queue=TASK_QUEUE,
+        result_type=SessionResult,
+    )
 
 
 async def _start(client: Client, queue: str, model: str, kind: str) -> WorkflowHandle[Any, Any]:

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from tests.support.stack import EventLog, Stack, outline
-from workflows.calls import tool_summary
+from workflows.calls import _tool_failure_text, activity_failure_text, tool_summary
 from workflows.contract import PromptResult
 
 
@@ -884,16 +886,8 @@ def test_the_ui_summary_of_a_tool_call_is_at_most_200_characters() -> None:
     assert tool_summary("read_file", {"path": "x" * 50}) == f"tool: read_file path={'x' * 37}..."
 
 
-def test_an_activity_failure_reads_as_its_innermost_message() -> None:
-    from temporalio.exceptions import (
-        ActivityError,
-        ApplicationError,
-        TimeoutError,
-        TimeoutType,
-    )
-
-    from workflows.calls import activity_failure_text
-
+def _failed_tool_activity(cause: BaseException) -> ActivityError:
+    """A tool activity's failure as the workflow gets it, caused by ``cause``."""
     failure = ActivityError(
         "Activity task failed",
         scheduled_event_id=5,
@@ -903,13 +897,28 @@ def test_an_activity_failure_reads_as_its_innermost_message() -> None:
         activity_id="tool-c1",
         retry_state=None,
     )
-    timeout = TimeoutError(
-        "activity Heartbeat timeout",
-        type=TimeoutType.HEARTBEAT,
-        last_heartbeat_details=[],
-    )
-    cause = ApplicationError("the worker running it stopped")
-    timeout.__cause__ = cause
-    failure.__cause__ = timeout
+    failure.__cause__ = cause
+    return failure
 
-    assert activity_failure_text(failure) == "the worker running it stopped"
+
+def _heartbeat_timeout() -> TemporalTimeoutError:
+    return TemporalTimeoutError(
+        "activity Heartbeat timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[]
+    )
+
+
+def test_an_activity_failure_reads_as_its_innermost_message() -> None:
+    timeout = _heartbeat_timeout()
+    timeout.__cause__ = ApplicationError("the worker running it stopped")
+
+    assert activity_failure_text(_failed_tool_activity(timeout)) == "the worker running it stopped"
+
+
+def test_a_tool_given_up_for_want_of_heartbeats_says_what_usually_causes_it() -> None:
+    """The result read "activity Heartbeat timeout": a tool blocking the
+    event loop with time.sleep left its author guessing (a robustness audit)."""
+    assert _tool_failure_text(_failed_tool_activity(_heartbeat_timeout())) == (
+        "The tool stopped heartbeating for 3 s and was given up (tried 3 times): it blocks the worker's "
+        "event loop (time.sleep, blocking I/O: run such work with asyncio.to_thread), or its worker died."
+    )
+    assert _tool_failure_text(_failed_tool_activity(ApplicationError("disk full"))) == "disk full"
