@@ -91,23 +91,18 @@ async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
     for sig in (signal.SIGHUP, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
     DATA.mkdir(exist_ok=True)
-    # The payload and context stores and the full tool outputs too, so that
-    # deleting .agent-data starts afresh as the README says (they went to
-    # ~/.local/share/durable-agent; an operator audit). The worker, the
-    # codec server and this client use it alike; a user's own setting wins.
-    data = {} if os.environ.get("AGENT_DATA_DIR") else {"AGENT_DATA_DIR": str((DATA / "data").resolve())}
     server = DevServer(
         db_filename=str(DATA / "demo-temporal.db"),
         log_path=DATA / "demo-server.log",
         # The worker's storage settings are the codec server's too: both inherit this environment.
-        codec=CodecServer(log_path=DATA / "demo-codec.log", env=dict(data)),
+        codec=CodecServer(log_path=DATA / "demo-codec.log"),
     )
     console.print("[dim]starting the Temporal dev server…[/]")
     server.start()
     model_process: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = []
     try:
-        env = {"TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-demo", **data}
+        env = {"TEMPORAL_ADDRESS": server.address, "TEMPORAL_TASK_QUEUE": "agent-demo"}
         configured = Settings.from_env()  # the AGENT_MODEL and OPENAI_API_KEY the worker reads
         model = configured.default_model
         if not configured.openai_api_key:
@@ -121,9 +116,7 @@ async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
             env |= {"no_proxy": no_proxy, "NO_PROXY": no_proxy}
             console.print("[dim]no OPENAI_API_KEY: using the scripted offline model[/]")
         workers.append(start_worker(env, log_path=DATA / "demo-worker.log"))
-        settings = Settings.from_env(
-            {**os.environ, **data}, address=server.address, task_queue="agent-demo", ui_url=server.ui_url
-        )
+        settings = Settings.from_env(address=server.address, task_queue="agent-demo", ui_url=server.ui_url)
         conversation = await Conversation.start(
             await connect(settings),
             settings,

@@ -250,28 +250,6 @@ async def test_offline_demo_scripts_its_own_model_and_points_the_worker_at_it(fa
     assert "no OPENAI_API_KEY: using the scripted offline model" in fake_demo.text
 
 
-async def test_the_demo_keeps_its_stores_in_agent_data_unless_told_otherwise(
-    fake_demo: Demo, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """README: deleting `.agent-data/` starts afresh; the payload and context
-    stores and the tool outputs went to ~/.local/share/durable-agent (an
-    operator audit). The worker, the codec server and the client share it."""
-    for name in ("AGENT_DATA_DIR", "AGENT_STORAGE_DIR", "AGENT_TOOL_OUTPUT_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    assert await fake_demo.run() == 0
-    kept = str((tmp_path / ".agent-data" / "data").resolve())
-    assert fake_demo.worker_envs[0]["AGENT_DATA_DIR"] == kept
-    [server] = FakeServer.instances
-    assert server.codec is not None and server.codec.env["AGENT_DATA_DIR"] == kept
-    assert FakeConversation.last is not None
-    assert str(FakeConversation.last.kwargs["settings"].storage_dir).startswith(kept)
-
-    monkeypatch.setenv("AGENT_DATA_DIR", str(tmp_path / "mine"))
-    FakeServer.instances = []
-    assert await fake_demo.run() == 0
-    assert "AGENT_DATA_DIR" not in fake_demo.worker_envs[-1]  # the user's, inherited
-
-
 async def test_the_offline_models_worker_never_reaches_it_through_a_proxy(
     fake_demo: Demo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
