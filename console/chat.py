@@ -14,6 +14,7 @@ decides the oldest one, which the prompt names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import sys
@@ -23,6 +24,7 @@ from typing import Any, TextIO, cast
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.formatted_text import ANSI, AnyFormattedText, FormattedText, merge_formatted_text
+from prompt_toolkit.input import DummyInput
 from prompt_toolkit.patch_stdout import patch_stdout
 from pydantic import ValidationError
 from rich.console import Console
@@ -115,16 +117,23 @@ class ChatSession:
 
     def __init__(self, conversation: Conversation) -> None:
         self._conversation = conversation
-        self._input: PromptSession[str] = PromptSession(erase_when_done=True)
         # Lines from a pipe or a file are read as they are: prompt_toolkit's
         # editor read a file redirected to it as no input at all, and took
         # memory that grew with the square of a piped line's length (1.3 GB
-        # for 50 KB; an operator audit).
+        # for 50 KB; an operator audit). Its session is kept for the screen
+        # only then (with no input of its own, it does not warn of it).
         self._piped = not sys.stdin.isatty()
+        self._input: PromptSession[str] = (
+            PromptSession(erase_when_done=True, input=DummyInput())
+            if self._piped
+            else PromptSession(erase_when_done=True)
+        )
         self._writer: AbovePromptWriter | None = None
         self._renderer: EventRenderer | None = None
         self._notes = Console()  # prints to sys.stdout as it is at the time: the patched one
         self._aborting = False
+        self._last_shown: str | None = None  # the last run's start or end shown
+        self._sent = False  # a line was sent from here
         self._approvals: dict[str, PendingApproval] = {}  # oldest first
         self._restore = ""  # text for the next input line (messages taken back by /clear)
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
@@ -218,6 +227,8 @@ class ChatSession:
         assert self._renderer is not None
         self._renderer.render(event)
         kind = event.get("type")
+        if kind in ("agent_start", "agent_end"):
+            self._last_shown = kind
         if kind == "tool_approval_request":
             try:
                 approval = PendingApproval.model_validate(event)
@@ -245,6 +256,12 @@ class ChatSession:
                 else:
                     line = await self._input.prompt_async(self._prompt_message, default=default)
             except EOFError:
+                if self._piped:
+                    # The end of what was piped: its answers are shown before
+                    # the chat leaves (it left at once, the answers unseen).
+                    with contextlib.suppress(Refused, StoppedWaiting, RPCError):
+                        await self._conversation.wait_for_idle()
+                    await self._shown_to_its_end()
                 return
             except KeyboardInterrupt:
                 line = None
@@ -255,6 +272,14 @@ class ChatSession:
                 self._say(f"✗ {err}", "red")
             except RPCError as err:
                 self._say(f"✗ {err.message}", "red")
+
+    async def _shown_to_its_end(self, within: float = 10.0) -> None:
+        """Until the renderer, which reads a little behind the conversation
+        (a subscriber's batches), has shown the end of the last run."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self._sent and self._last_shown != "agent_end" and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
     async def _act(self, line: str | None) -> bool:
         """Act on a typed line (``None`` for Ctrl-C); False when the user leaves."""
@@ -307,6 +332,7 @@ class ChatSession:
 
     async def _send(self, text: str) -> None:
         """Steer the active run, or start a run with ``text``."""
+        self._sent = True
         if await self._is_running():
             await self._conversation.steer(text)
             self._say(f"» steering: {text}", "magenta")

@@ -1594,10 +1594,12 @@ async def test_chat_reads_a_file_redirected_to_it_line_by_line_whatever_its_byte
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
 
     assert process.returncode == 0 and b"Traceback" not in stderr, stderr
     assert await _user_texts(stack, conversation_id, 2) == ["hi", "caf\ufffd and more"]
+    # It left once the answers were shown (it left at once, the answers unseen).
+    assert b"two" in stdout and stdout.index(b"two") < stdout.index(b"Left the chat"), stdout
 
 
 async def test_an_argument_that_is_not_utf8_is_sent_with_a_replacement(stack: Stack) -> None:
