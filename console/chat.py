@@ -132,7 +132,7 @@ class ChatSession:
         self._renderer: EventRenderer | None = None
         self._notes = Console()  # prints to sys.stdout as it is at the time: the patched one
         self._aborting = False
-        self._last_shown: str | None = None  # the last run's start or end shown
+        self._shown_up_to = 0  # the offset of the next event to show
         self._sent = False  # a line was sent from here
         self._approvals: dict[str, PendingApproval] = {}  # oldest first
         self._restore = ""  # text for the next input line (messages taken back by /clear)
@@ -213,8 +213,9 @@ class ChatSession:
     async def _render_events(self, offset: int) -> str:
         """Render the stream until the conversation ends; never raises."""
         try:
-            async for _, event in self._conversation.events(offset, on_skipped=self._skipped):
+            async for at, event in self._conversation.events(offset, on_skipped=self._skipped):
                 self._observe(event)
+                self._shown_up_to = at + 1
         except Exception as err:  # the chat ends with the reason, not a traceback
             return f"The event stream failed: {getattr(err, 'message', None) or err}"
         return _CONVERSATION_ENDED
@@ -227,8 +228,6 @@ class ChatSession:
         assert self._renderer is not None
         self._renderer.render(event)
         kind = event.get("type")
-        if kind in ("agent_start", "agent_end"):
-            self._last_shown = kind
         if kind == "tool_approval_request":
             try:
                 approval = PendingApproval.model_validate(event)
@@ -275,10 +274,16 @@ class ChatSession:
 
     async def _shown_to_its_end(self, within: float = 10.0) -> None:
         """Until the renderer, which reads a little behind the conversation
-        (a subscriber's batches), has shown the end of the last run."""
+        (a subscriber's batches), has shown every event published so far."""
+        if not self._sent:
+            return
+        try:
+            published = (await self._conversation.state()).event_offset
+        except (Refused, StoppedWaiting, RPCError):
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
-        while self._sent and self._last_shown != "agent_end" and loop.time() < deadline:
+        while self._shown_up_to < published and loop.time() < deadline:
             await asyncio.sleep(0.05)
 
     async def _act(self, line: str | None) -> bool:
