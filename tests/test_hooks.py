@@ -34,14 +34,21 @@ async def hook_worker(client: Client, worker_env: dict[str, str]) -> AsyncIterat
         yield
 
 
-async def run_guarded(client: Client, model: str, prompt: str) -> SessionResult:
-    return await client.execute_workflow(
+async def _go(
+    client: Client, model: str, prompt: str = "go", **options: Any
+) -> WorkflowHandle[Any, SessionResult]:
+    """A conversation on the hooks worker, started with ``prompt``."""
+    return await client.start_workflow(
         "AgentWorkflow",
-        {"model": model, "prompt": prompt, "closeWhenIdle": True},
+        {"model": model, "prompt": prompt, **options},
         id=f"hooks-{uuid.uuid4().hex[:8]}",
         task_queue=TASK_QUEUE,
         result_type=SessionResult,
     )
+
+
+async def run_guarded(client: Client, model: str, prompt: str) -> SessionResult:
+    return await (await _go(client, model, prompt, closeWhenIdle=True)).result()
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -291,17 +298,6 @@ async def test_a_hook_raising_an_exception_whose_message_cannot_be_read_is_no_we
     assert result["isError"] and result["content"][0]["text"] == unreadable
     assert idle["stopReason"] == "error" and unreadable in idle["messages"][-1]["errorMessage"]
     await handle.signal("close")
-
-
-async def _go(client: Client, model: str) -> WorkflowHandle[Any, SessionResult]:
-    """A conversation on the hooks worker whose first prompt is "go"."""
-    return await client.start_workflow(
-        "AgentWorkflow",
-        {"model": model, "prompt": "go"},
-        id=f"hooks-{uuid.uuid4().hex[:8]}",
-        task_queue=TASK_QUEUE,
-        result_type=SessionResult,
-    )
 
 
 async def _start(client: Client, queue: str, model: str, kind: str) -> WorkflowHandle[Any, Any]:
