@@ -184,11 +184,9 @@ class ToolActivities:
         outcome = self.cap_output(outcome, workflow_id, key)
         notes: dict[str, Any] = {}
         details = outcome.details
-        if nesting_depth(details) > MAX_NESTING or _json_size(details) > MAX_RESULT_BYTES:
-            notes["details"] = (
-                f"The tool's details were dropped: more than {MAX_RESULT_BYTES:,} bytes of JSON "
-                f"or nested deeper than {MAX_NESTING} levels."
-            )
+        problem = _details_problem(details)
+        if problem:
+            notes["details"] = f"The tool's details were dropped: {problem}."
             details = {}
         content = list(outcome.content)
         images = [c for c in content if isinstance(c, ImageContent)]
@@ -323,11 +321,18 @@ def _error(text: str) -> ToolOutcome:
     return ToolOutcome(content=text_result(text), is_error=True, details={})
 
 
-def _json_size(value: Any) -> int:
-    """Bytes of ``value`` as UTF-8 JSON (what the payload holds), past the
-    limit when it is no JSON at all."""
+def _details_problem(details: Any) -> str | None:
+    """Why a result's details cannot be kept (too deep, no JSON, too
+    large: what the payload holds, as UTF-8 JSON), or None. A dict with a
+    tuple for a key was dropped as "more than 1,000,000 bytes" (an audit)."""
+    if nesting_depth(details) > MAX_NESTING:
+        return f"nested deeper than {MAX_NESTING} levels"
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    except (ValueError, TypeError, RecursionError):
-        return MAX_RESULT_BYTES + 1
-    return len(text.encode("utf-8", "replace"))
+        text = json.dumps(details, ensure_ascii=False, separators=(",", ":"), default=str)
+    except RecursionError:
+        return f"nested deeper than {MAX_NESTING} levels"
+    except (ValueError, TypeError) as err:
+        return f"they are not JSON ({clean_text(str(err))})"
+    if len(text.encode("utf-8", "replace")) > MAX_RESULT_BYTES:
+        return f"more than {MAX_RESULT_BYTES:,} bytes of JSON"
+    return None

@@ -745,6 +745,21 @@ async def test_details_nested_deeper_than_the_workflow_decodes_are_dropped_with_
     assert "nested deeper than 64 levels" in outcome.details["notes"]["details"]
 
 
+async def test_details_that_are_no_json_are_dropped_with_a_note_that_says_so(no_stream: None) -> None:
+    """A dict keyed by a tuple was dropped as "more than 1,000,000 bytes of
+    JSON or nested deeper than 64 levels": the wrong thing to go and fix."""
+
+    async def keyed(args: _NoArgs) -> ToolResult:
+        return ToolResult(content="done", details={(1, 2): "cell"})
+
+    outcome = await run_t(runner_of(keyed))
+
+    assert not outcome.is_error and outcome.content[0].text == "done"  # type: ignore[union-attr]
+    note = outcome.details["notes"]["details"]
+    assert note.startswith("The tool's details were dropped: they are not JSON (keys must be str")
+    assert "bytes" not in note and "nested" not in note
+
+
 async def test_images_over_the_result_limit_are_dropped_with_a_note(no_stream: None) -> None:
     async def photos(args: _NoArgs) -> ToolResult:
         image = ImageContent(data="A" * (MAX_RESULT_BYTES // 2 + 4), mime_type="image/png")
