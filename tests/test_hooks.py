@@ -144,6 +144,30 @@ async def test_details_an_after_hook_sets_that_json_cannot_carry_are_the_calls_e
     assert result.messages[-1].text == "ok"
 
 
+async def test_an_override_flag_that_is_not_a_bool_is_the_calls_error_not_its_truth(
+    client: Client, model_server: ScriptedModelServer, hook_worker: None
+) -> None:
+    """`ToolResultOverride(terminate="false")` ended the run: the string's
+    truth was taken. It is now the call's error result, naming the value,
+    and the run goes on; the run records the behaviour's marker."""
+    model = f"hooks-{uuid.uuid4().hex[:6]}"
+    model_server.script(model, [{"tool_calls": [call("t1", "echo", text="terminate-as-text")]}, {"text": "ok"}])
+    handle = await _go(client, model, closeWhenIdle=True)
+    result = await handle.result()
+    tool_result = result.messages[2]
+    assert tool_result.is_error
+    assert tool_result.content[0].text == (
+        "after_tool_call returned ToolResultOverride(terminate='false'); expected True, False or None."
+    )
+    assert result.messages[-1].text == "ok"
+    markers = [
+        str(e.marker_recorded_event_attributes)
+        async for e in handle.fetch_history_events()
+        if e.HasField("marker_recorded_event_attributes")
+    ]
+    assert any("strict-override-flags" in m for m in markers), markers
+
+
 async def test_a_hooks_text_with_a_lone_surrogate_is_no_wedge(
     client: Client, model_server: ScriptedModelServer, hook_worker: None
 ) -> None:

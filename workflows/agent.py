@@ -159,6 +159,10 @@ APPROVAL_TIMEOUT_FOLLOWS_PATCH = "approval-timeout-follows-configure"
 # call ran without asking. Asked only when a hook returns one (by its own
 # marker, not the combined one), so no other run records anything.
 APPROVAL_WITHOUT_REASON_PATCH = "approval-without-reason"
+# An ``after_tool_call`` override whose ``is_error`` or ``terminate`` is not a
+# bool makes the call's result an error. Before this patch the value's truth
+# was taken (``terminate="false"`` ended the run). Asked only for such a value.
+STRICT_OVERRIDE_FLAGS_PATCH = "strict-override-flags"
 
 
 DETAILS_ITEMS = 10
@@ -417,6 +421,7 @@ class AgentWorkflow:
             failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
             abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
             approval_without_reason=lambda: workflow.patched(APPROVAL_WITHOUT_REASON_PATCH),
+            strict_override_flags=lambda: workflow.patched(STRICT_OVERRIDE_FLAGS_PATCH),
             until_aborted=self._until_aborted,
             pause_between_parts=self._pause_between_parts,
         )

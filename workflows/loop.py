@@ -147,6 +147,11 @@ class LoopConfig:
     """A hook's ``RequireApproval`` without a reason waits for a person (with
     the default reason); False replays a run recorded before, whose call ran
     without asking."""
+    strict_override_flags: Callable[[], bool] = lambda: True
+    """A ``ToolResultOverride`` whose ``is_error`` or ``terminate`` is not a
+    bool (or None) makes the call's result an error naming it; False
+    replays a run recorded before, which took the value's truth
+    (``terminate="false"`` ended the run). Asked only for such a value."""
     until_aborted: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None
     """Awaits what a hook returned that must be awaited, or raises
     ``HookAborted`` when the run is aborted first (the hook's task is
@@ -515,6 +520,13 @@ async def finalize_executed_tool_call(
             )
         if override.details is not None:
             require_sendable(override.details, "after_tool_call returned details")
+        for field in ("is_error", "terminate"):
+            flag = getattr(override, field)
+            if flag is not None and not isinstance(flag, bool) and config.strict_override_flags():
+                raise TypeError(
+                    f"after_tool_call returned ToolResultOverride({field}={flag!r}); "
+                    f"expected True, False or None."
+                )
         return ToolOutcome(
             content=outcome.content if override.content is None else _as_content(override.content),
             details=outcome.details if override.details is None else override.details,

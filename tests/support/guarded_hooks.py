@@ -68,6 +68,8 @@ class GuardedHooks(AgentHooks):
             return None
         if context.args.get("text") == "details-not-json":
             return ToolResultOverride(details={"marker": object()})
+        if context.args.get("text") == "terminate-as-text":
+            return ToolResultOverride(terminate="false")  # type: ignore[arg-type]
         if context.tool_call.name == "echo":
             return ToolResultOverride(content=[TextContent(text="redacted")], details={"redacted": True})
         if context.tool_call.name == "sequential_echo":
