@@ -476,6 +476,46 @@ async def hook_approval_no_reason(
     return handle
 
 
+async def override_flag_as_text(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """An after_tool_call hook returns ``ToolResultOverride(terminate="false")``
+    (``RecordingHooks``): the call's error result, and the run goes on
+    (strict-override-flags; before, the text's truth ended the run)."""
+    server.script(
+        model, [{"tool_calls": [call("ht", "echo", text="hook-terminates-as-text")]}, {"text": "done"}]
+    )
+    handle = await start(client, model, prompt="go", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
+async def close_mid_run(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """A close while a tool runs: the turns that end after it reach
+    AgentTurns in an upsert at the end (search-attribute-counters-now;
+    before, the counters stayed as the close found them)."""
+    server.script(model, [{"tool_calls": [call("cs", "slow", seconds=300, steps=300)]}])
+    handle = await start(client, model, prompt="work")
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    log.close()
+    await handle.signal("close")
+    await handle.result()
+    return handle
+
+
+async def reset_counters(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """A reset after a run: its counters are upserted at once
+    (search-attribute-counters-now; before, they kept the run's figures)."""
+    server.script(model, [{"text": "four", "usage": {"prompt_tokens": 10, "completion_tokens": 3}}])
+    handle = await start(client, model, prompt="2+2?")
+    await handle.execute_update("wait_for_idle")
+    await handle.execute_update("reset")
+    await handle.signal("close")
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -499,6 +539,9 @@ SCENARIOS: dict[str, Scenario] = {
     "hook_abort": hook_abort,
     "approval_configure": approval_configure,
     "hook_approval_no_reason": hook_approval_no_reason,
+    "override_flag_as_text": override_flag_as_text,
+    "close_mid_run": close_mid_run,
+    "reset_counters": reset_counters,
 }
 
 

@@ -54,7 +54,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # ended a hook's wait (v12); with the tenth, before a call waiting for
 # approval followed a configured approvalTimeoutSeconds (v13); with the
 # eleventh, before a hook's RequireApproval without a reason waited for a
-# person (v14: that scenario only, the patch has its own marker).
+# person (v14: that scenario only, the patch has its own marker); before an
+# override's non-bool flag was the call's error and a reset or a close
+# upserted the counters at once (v15: those scenarios only, their own markers).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -67,10 +69,15 @@ V11 = sorted((ROOT / "v11").glob("*.json"))
 V12 = sorted((ROOT / "v12").glob("*.json"))
 V13 = sorted((ROOT / "v13").glob("*.json"))
 V14 = sorted((ROOT / "v14").glob("*.json"))
+V15 = sorted((ROOT / "v15").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
     return path.stem.rsplit("_", 1)[0] if path.stem[-1].isdigit() else path.stem
+
+
+LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"}
+"""Scenarios recorded only from v15 on (each patch's own marker)."""
 
 
 def test_there_are_recorded_histories() -> None:
@@ -93,10 +100,14 @@ def test_there_are_recorded_histories() -> None:
         "hook_abort",  # an abort while a before_tool_call hook waits on a timer
         "approval_configure",  # approvalTimeoutSeconds configured while a call waits
         "hook_approval_no_reason",  # a hook's RequireApproval without a reason
+        "override_flag_as_text",  # an after_tool_call override whose terminate is text
+        "close_mid_run",  # a close while a tool runs: the counters at the end
+        "reset_counters",  # a reset: the counters at once
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "approval_configure",
         "hook_abort",
@@ -113,6 +124,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "approval_configure",
         "hook_abort",
@@ -129,6 +141,7 @@ def test_there_are_recorded_histories() -> None:
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "approval_configure",
         "big_tool_arguments",
@@ -141,6 +154,7 @@ def test_there_are_recorded_histories() -> None:
     # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
     # once, whatever their arguments' size).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "long_tool_batch",
         "abort_before_switch",
@@ -150,6 +164,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the abort-over-stop patch too (its old
     # path changes events, not commands: tests/test_agent_loop.py runs it).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "long_tool_batch",
         "abort_before_switch",
@@ -159,6 +174,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before the tool-batch-in-parts patch too (its
     # old path: all 1,001 calls of long_tool_batch in one workflow task).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "abort_before_switch",
         "hook_abort",
@@ -167,6 +183,7 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded before drop-carried-publishers too (its old
     # path: the late deltas published in the next run).
     assert {_stem(p) for p in CURRENT} - {
+        *LATER,
         "hook_approval_no_reason",
         "abort_before_switch",
         "hook_abort",
@@ -174,19 +191,25 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V10}
     # Every scenario, recorded before await-aborted-model-call too (its old
     # path: abort_before_switch continued as new before its call ended).
-    assert {_stem(p) for p in CURRENT} - {"hook_approval_no_reason", "hook_abort", "approval_configure"} <= {
-        _stem(p) for p in V11
-    }
+    assert {_stem(p) for p in CURRENT} - {
+        *LATER,
+        "hook_approval_no_reason",
+        "hook_abort",
+        "approval_configure",
+    } <= {_stem(p) for p in V11}
     # Every scenario, recorded before abortable-hooks too (its old path:
     # hook_abort's abort waited for the hook's timer to fire).
-    assert {_stem(p) for p in CURRENT} - {"hook_approval_no_reason", "approval_configure"} <= {
+    assert {_stem(p) for p in CURRENT} - {*LATER, "hook_approval_no_reason", "approval_configure"} <= {
         _stem(p) for p in V12
     }
     # Every scenario, recorded before approval-timeout-follows-configure too
     # (its old path: approval_configure's call waited on and was approved).
-    assert {_stem(p) for p in CURRENT} - {"hook_approval_no_reason"} <= {_stem(p) for p in V13}
+    assert {_stem(p) for p in CURRENT} - {*LATER, "hook_approval_no_reason"} <= {_stem(p) for p in V13}
     # Recorded before approval-without-reason (its old path: the call ran unasked).
     assert {_stem(p) for p in V14} == {"hook_approval_no_reason"}
+    # Recorded before strict-override-flags and search-attribute-counters-now
+    # (their old paths: the text's truth ended the run; the counters left behind).
+    assert {_stem(p) for p in V15} == LATER
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -205,10 +228,10 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
+        for p in CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
     ],
 )
 async def test_recorded_history_replays(path: Path) -> None:
@@ -217,9 +240,10 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
     ids=[
-        str(p.relative_to(ROOT)) for p in CURRENT + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+        str(p.relative_to(ROOT))
+        for p in CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
     ],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:

@@ -162,3 +162,70 @@ async def test_a_model_name_past_what_a_keyword_holds_is_cut_not_fatal(stack: St
     assert values["AgentModel"] == "\U0001f600" * 150
     assert (await handle.describe()).status.name == "RUNNING"
     await handle.signal("close")
+
+
+async def run_histories(stack: Stack, handle: Any) -> list[Any]:
+    """The histories of a conversation's runs, first to last (each
+    continue-as-new names the next run)."""
+    histories = []
+    run_id = handle.first_execution_run_id or handle.run_id
+    while run_id:
+        history = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        run_id = (
+            last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            if last.HasField("workflow_execution_continued_as_new_event_attributes")
+            else None
+        )
+    return histories
+
+
+async def test_counters_refresh_in_a_long_run_that_continues_as_new_every_turn(stack: Stack) -> None:
+    """Each run counted the interval again from its own start, so a run
+    continued as new every few seconds never published its counters: a
+    filter on AgentCost missed a long, costly run. The time of the last
+    upsert now goes on across continue-as-new."""
+    # Three turns of 3.6 s, each its own run: 10.8 s in all, no run 10 s long.
+    for i in range(3):
+        stack.script(
+            {"tool_calls": [{"id": f"s{i}", "name": "slow", "arguments": {"seconds": 3.6, "steps": 2}}]}
+        )
+    stack.script({"text": "done"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True, continueAsNewAfterTurns=1)
+    await asyncio.wait_for(handle.result(), 60)
+    histories = await run_histories(stack, handle)
+    assert len(histories) >= 4
+    refreshed = [u for history in histories[1:] for u in agent_upserts(history) if "AgentStatus" not in u]
+    assert refreshed and refreshed[0]["AgentTurns"] >= 1 and refreshed[0]["AgentTotalTokens"] > 0
+
+
+async def test_a_close_during_a_run_leaves_the_counters_as_the_state_says(stack: Stack) -> None:
+    """The upsert to `closed` went out as the close came; the turns that
+    ended after it (the interrupted one, the aborted message's) never
+    reached AgentTurns, which stayed short of `state.turns`."""
+    stack.script({"tool_calls": [{"id": "s", "name": "slow", "arguments": {"seconds": 300, "steps": 300}}]})
+    handle = await stack.start(prompt="work")
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("tool_execution_start")
+    log.close()
+    await handle.signal("close")
+    await asyncio.wait_for(handle.result(), 30)
+    state = await handle.query("state", result_type=dict)
+    values = await attributes(stack.client, handle.id)
+    assert values["AgentStatus"] == "closed"
+    assert state["turns"] >= 2 and values["AgentTurns"] == state["turns"]
+
+
+async def test_a_reset_clears_the_counters_at_once(stack: Stack) -> None:
+    """After `reset` the state said 0 turns and no cost, while AgentTurns and
+    AgentCost kept the old figures until a next run: `starter.py list` and a
+    filter on AgentCost showed a cost the conversation no longer had."""
+    stack.script({"text": "four", "usage": {"prompt_tokens": 10, "completion_tokens": 3}})
+    handle = await stack.start(prompt="2+2?")
+    await asyncio.wait_for(handle.execute_update("wait_for_idle"), 30)
+    assert (await attributes(stack.client, handle.id))["AgentTurns"] == 1
+    await handle.execute_update("reset")
+    values = await attributes(stack.client, handle.id)
+    assert values["AgentTurns"] == 0 and values["AgentTotalTokens"] == 0 and values["AgentCost"] == 0
+    await handle.signal("close")

@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -163,6 +163,12 @@ APPROVAL_WITHOUT_REASON_PATCH = "approval-without-reason"
 # bool makes the call's result an error. Before this patch the value's truth
 # was taken (``terminate="false"`` ended the run). Asked only for such a value.
 STRICT_OVERRIDE_FLAGS_PATCH = "strict-override-flags"
+# A reset, and a conversation's end, upsert the counters they changed at once.
+# Before this patch they waited for the interval's next turn boundary, which
+# neither has: after a reset AgentCost kept the old cost, and a close during a
+# run left AgentTurns short of the turns that ended after it. Asked only when
+# counters would otherwise be left behind, so no other run records anything.
+COUNTERS_NOW_PATCH = "search-attribute-counters-now"
 
 
 DETAILS_ITEMS = 10
@@ -226,7 +232,6 @@ class AgentWorkflow:
         self._calls_counted: tuple[AgentMessage, int] | None = None
         self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
-        self._counters_published_at: datetime | None = None  # this run's last counters upsert
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
         if session_input.prompt is not None and self._input_error is None:
             try:
@@ -319,7 +324,7 @@ class AgentWorkflow:
                 await self._continue_as_new(idle=True)
             else:
                 self._idle_switch_refused = True  # a conversation from before idle switches
-        self._update_details()
+        self._update_details(counters_now=True)
         await self._calls.aborted_calls_ended()
         # Release waiting stream subscribers (they drain the rest by query),
         # else their open polls would keep the conversation from completing.
@@ -866,7 +871,7 @@ class AgentWorkflow:
     async def reset(self, *args: Any) -> SessionState:
         """pi's ``reset()``: clear transcript, queues, usage, error and counters."""
         self._session.reset()
-        self._update_details()
+        self._update_details(counters_now=True)
         return self.state()
 
     @reset.validator
@@ -1045,11 +1050,12 @@ class AgentWorkflow:
             return None
         return self._stream.streamed_message(tool_arguments=True)
 
-    def _update_details(self) -> None:
+    def _update_details(self, *, counters_now: bool = False) -> None:
         """The Temporal UI's "current details" of this conversation, and its
-        search attributes (each upserted when its value changed)."""
+        search attributes (each upserted when its value changed;
+        ``counters_now``: the counters too, without waiting for the interval)."""
         session = self._session
-        self._sync_search_attributes()
+        self._sync_search_attributes(counters_now=counters_now)
         lines = [
             f"**{session.status()}** · model `{session.settings.model}` · turn {session.turns.total} "
             f"· run {session.runs}",
@@ -1076,7 +1082,7 @@ class AgentWorkflow:
             )
         workflow.set_current_details("\n\n".join(lines))
 
-    def _sync_search_attributes(self) -> None:
+    def _sync_search_attributes(self, *, counters_now: bool = False) -> None:
         """Upsert the search attributes when the status or the model changes
         (with the counters as they are then), and the counters alone at most
         every SEARCH_ATTRIBUTE_INTERVAL of a long run: each upsert is a
@@ -1098,13 +1104,19 @@ class AgentWorkflow:
         if not changed:
             return
         now = workflow.now()
-        if self._counters_published_at is None:
-            self._counters_published_at = now  # this run's start: a carried run published before
+        if session.published_at is None:
+            # The conversation's first run (or one carried by a version that
+            # did not carry the time): counted from here. Carried, the
+            # interval goes on across continue-as-new: counted again from
+            # each run's start, a run continued as new every few seconds
+            # never published its counters (an audit).
+            session.published_at = now
         if "AgentStatus" not in changed and "AgentModel" not in changed:
             if self._versions.has(SEARCH_ATTRIBUTES_BY_TIME_PATCH):
-                if now - self._counters_published_at < SEARCH_ATTRIBUTE_INTERVAL:
-                    return
-            elif values["AgentTurns"] - int(published.get("AgentTurns", 0)) < SEARCH_ATTRIBUTE_TURNS:
+                due = now - session.published_at >= SEARCH_ATTRIBUTE_INTERVAL
+            else:
+                due = values["AgentTurns"] - int(published.get("AgentTurns", 0)) >= SEARCH_ATTRIBUTE_TURNS
+            if not due and not (counters_now and workflow.patched(COUNTERS_NOW_PATCH)):
                 return
         if not self._versions.has(SEARCH_ATTRIBUTES_PATCH):
             return
@@ -1112,7 +1124,7 @@ class AgentWorkflow:
             [SEARCH_ATTRIBUTE_KEYS[name].value_set(v) for name, v in changed.items()]
         )
         session.published.update(changed)
-        self._counters_published_at = now
+        session.published_at = now
 
 
 async def _outcome_of(hook: Awaitable[Any]) -> tuple[Any, BaseException | None]:

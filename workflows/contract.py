@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -163,6 +164,9 @@ class SessionCarry(WireModel):
     search_attributes: bool = False
     published: dict[str, Any] = Field(default_factory=dict)
     """The search attribute values last upserted."""
+    published_at: datetime | None = None
+    """When they were (workflow time; None: not yet, or carried by a
+    version that did not carry it)."""
 
 
 class SessionDefaults(WireModel):

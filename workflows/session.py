@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from workflows.contract import (
@@ -103,6 +104,7 @@ class Session:
         # recorded when it started (SessionDefaults.track_subscribers).
         self.track_subscribers: bool | None = carry.track_subscribers
         self.published: dict[str, Any] = dict(carry.published)
+        self.published_at: datetime | None = carry.published_at
 
     # --- status -------------------------------------------------------------------
 
@@ -377,6 +379,7 @@ class Session:
             decisions=list(self.decisions.values()),
             search_attributes=self.search_attributes,
             published=self.published,
+            published_at=self.published_at,
             track_subscribers=self.track_subscribers,
         )
 

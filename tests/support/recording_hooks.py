@@ -1,7 +1,8 @@
 """Hooks of the worker that records tests/histories/ and of the replayer
 that replays them: they act only on a call whose ``text`` is
-``hook-waits`` (a timer) or ``hook-asks-approval`` (``RequireApproval``
-without a reason), which no other recorded scenario has, and return None
+``hook-waits`` (a timer), ``hook-asks-approval`` (``RequireApproval``
+without a reason) or ``hook-terminates-as-text`` (an override whose
+``terminate`` is text), which no other recorded scenario has, and return None
 at once (not a coroutine) for every other call, so every other history
 records and replays as with the default hooks."""
 
@@ -12,7 +13,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.hooks import AgentHooks, RequireApproval, ToolCallContext
+from workflows.hooks import AgentHooks, RequireApproval, ToolCallContext, ToolResultOverride
+from workflows.models import ToolOutcome
 
 
 class RecordingHooks(AgentHooks):
@@ -21,6 +23,11 @@ class RecordingHooks(AgentHooks):
             return _wait()
         if context.args.get("text") == "hook-asks-approval":
             return RequireApproval(reason=None)  # type: ignore[arg-type]  # as a hook may, untyped
+        return None
+
+    def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> ToolResultOverride | None:
+        if context.args.get("text") == "hook-terminates-as-text":
+            return ToolResultOverride(terminate="false")  # type: ignore[arg-type]  # as a hook may, untyped
         return None
 
 
