@@ -111,6 +111,19 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
             f"`approvalTimeoutSeconds` must be a finite number, not {value} (null sets no limit)."
         )
     assert (await handle.query("state"))["maxCost"] is None
+    # Past 2**53 - 1 a JavaScript client reads another limit back from `state`.
+    for key in ("maxTurns", "maxTotalTokens", "maxCost"):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("configure", {key: 2**63})
+        assert isinstance(refused.value.cause, ApplicationError)
+        assert refused.value.cause.message == (
+            f"`{key}` must be at most 9007199254740991 (2**53 - 1, the largest integer every JSON "
+            "reader reads exactly; null sets no limit)."
+        )
+    assert (await handle.execute_update("configure", {"maxTotalTokens": 2**53 - 1}))[
+        "maxTotalTokens"
+    ] == 2**53 - 1
+    await handle.execute_update("configure", {"maxTotalTokens": None})
     # An empty partial object changes nothing and answers with the settings in force.
     assert await handle.execute_update("configure", {}) == settings
     assert (await handle.query("state"))["model"] == other_model

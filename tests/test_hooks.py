@@ -151,7 +151,9 @@ async def test_an_override_flag_that_is_not_a_bool_is_the_calls_error_not_its_tr
     truth was taken. It is now the call's error result, naming the value,
     and the run goes on; the run records the behaviour's marker."""
     model = f"hooks-{uuid.uuid4().hex[:6]}"
-    model_server.script(model, [{"tool_calls": [call("t1", "echo", text="terminate-as-text")]}, {"text": "ok"}])
+    model_server.script(
+        model, [{"tool_calls": [call("t1", "echo", text="terminate-as-text")]}, {"text": "ok"}]
+    )
     handle = await _go(client, model, closeWhenIdle=True)
     result = await handle.result()
     tool_result = result.messages[2]

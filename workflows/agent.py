@@ -78,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
         WireModel,
     )
     from workflows.queues import MessageQueue
-    from workflows.session import ContinueRefused, Session
+    from workflows.session import MAX_SAFE_INTEGER, ContinueRefused, Session
     from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream
     from workflows.versions import Versions
 
@@ -829,6 +829,18 @@ class AgentWorkflow:
                 key, value = unbounded[0]
                 raise InputError(
                     f"`{key}` must be a finite number, not {json.dumps(value)} (null sets no limit)."
+                )
+            # Past 2**53 - 1 an integer is read inexactly by JSON readers of
+            # other languages (JavaScript's): `state` would report another limit.
+            huge = [
+                key
+                for key, value in payload.items()
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER
+            ]
+            if huge:
+                raise InputError(
+                    f"`{huge[0]}` must be at most {MAX_SAFE_INTEGER} (2**53 - 1, the largest integer "
+                    "every JSON reader reads exactly; null sets no limit)."
                 )
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
