@@ -13,7 +13,7 @@
     python starter.py clear ID [steering|followUp|all]   print the removed messages (JSON)
     python starter.py reset ID | wait ID | fork ID --at N [--id NEW]
     python starter.py state ID | messages ID
-    python starter.py list [--status S] [--model M]   the conversations, running ones first
+    python starter.py list [--status S] [--model M] [--limit N]   the conversations, running ones first
 
 Connects to TEMPORAL_ADDRESS (default localhost:7233), TEMPORAL_NAMESPACE and
 TEMPORAL_TASK_QUEUE (default ``agent``), like the worker. A request the
@@ -278,7 +278,7 @@ async def cmd_list(client: Client, settings: Settings, args: argparse.Namespace)
             found.status or "-",
             terminal_safe(found.model or "-"),
             # None: the server keeps no Agent* search attributes (not zero).
-            "- turns" if found.turns is None else f"{found.turns} turns",
+            "- turns" if found.turns is None else f"{found.turns} turn{'' if found.turns == 1 else 's'}",
             "- tokens" if found.total_tokens is None else f"{found.total_tokens:,} tokens",
             "$-" if found.cost is None else f"${found.cost:.4f}",
             found.started.astimezone().strftime("%Y-%m-%d %H:%M"),
