@@ -660,7 +660,7 @@ class Conversation:
         good, as its history left it."""
         async with self._refusals():
             state: SessionState = await self._query("state", SessionState)
-        if state.status != "closed" and await self._has_ended():
+        if state.status != "closed" and await self.has_ended():
             ended = {"status": "closed", "is_streaming": False, "streaming_message": None}
             state = state.model_copy(update=ended)
         return state
@@ -678,7 +678,7 @@ class Conversation:
         ended = await self._ended()
         return ended.task_queue if ended is not None else None
 
-    async def _has_ended(self) -> bool:
+    async def has_ended(self) -> bool:
         """The conversation's latest run has ended (False when that cannot be told)."""
         return await self._ended() is not None
 

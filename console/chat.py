@@ -93,8 +93,11 @@ async def _attach_or_start(
     conversation = Conversation.attach(client, conversation_id)
     try:
         return conversation, *await conversation.snapshot()
-    except ConversationNotFound:
-        pass
+    except ConversationNotFound as err:
+        if conversation.id in str(err) and not str(err).startswith("No conversation has the id"):
+            # One by that id ended with nothing to show (before any worker
+            # took it): the new one takes its id, said so, not silently.
+            print(terminal_safe(f"note: {err} Starting a new one with that id."), file=sys.stderr)
     try:
         await Conversation.start(client, settings, id=conversation_id, **options)
     except ConversationExists:  # another chat started it meanwhile: join it
@@ -180,6 +183,10 @@ class ChatSession:
                 ended = await self._run_tasks(state.event_offset if state else 0)
                 self._writer.end_line()
         finally:
+            if ended is None and await self._conversation.has_ended():
+                # The user left (piped `/quit`, read before the stream said
+                # so) from a conversation that had ended: not "goes on".
+                ended = _CONVERSATION_ENDED
             if ended == _CONVERSATION_ENDED:
                 # How (closed, failed and why, terminated), as `watch` says it,
                 # and how to go on: attaching again shows the same end.

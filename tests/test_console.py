@@ -1602,6 +1602,62 @@ async def test_chat_reads_a_file_redirected_to_it_line_by_line_whatever_its_byte
     assert b"two" in stdout and stdout.index(b"two") < stdout.index(b"Left the chat"), stdout
 
 
+async def test_piped_quit_on_a_terminated_conversation_says_how_it_ended(stack: Stack) -> None:
+    """A piped `/quit` is read before the stream tells the chat the
+    conversation had ended: it said "Left the chat; the conversation goes
+    on" of one that was terminated (a README audit)."""
+    stack.script({"text": "hello"})
+    conversation = await stack.conversation()
+    await conversation.prompt("hi")
+    await conversation.handle.terminate("by an operator")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "starter.py"),
+        "chat",
+        "--id",
+        conversation.id,
+        cwd=ROOT,
+        env=client_env(stack.dev_server),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(b"/quit\n"), TIMEOUT)
+
+    assert process.returncode == 0 and b"Traceback" not in stderr, stderr
+    assert b"goes on" not in stdout, (stdout, stderr)
+    assert b"terminated" in stdout and b"starter.py fork" in stdout, stdout
+
+
+async def test_chat_on_a_conversation_that_ended_with_no_state_says_it_starts_a_new_one(stack: Stack) -> None:
+    """Attaching by id to a conversation terminated before any worker took
+    it started a new conversation under that id without a word."""
+    conversation_id = f"chat-ended-{uuid.uuid4().hex[:6]}"
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow", {"model": stack.model}, id=conversation_id, task_queue="no-worker-here"
+    )
+    await handle.terminate("before any worker")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "starter.py"),
+        "chat",
+        "--id",
+        conversation_id,
+        "--model",
+        stack.model,
+        cwd=ROOT,
+        env=client_env(stack.dev_server),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(b"/quit\n"), TIMEOUT)
+
+    assert process.returncode == 0 and b"Traceback" not in stderr, stderr
+    assert b"was terminated before any worker took it" in stderr, stderr
+    assert b"Starting a new one with that id." in stderr, stderr
+
+
 async def test_an_argument_that_is_not_utf8_is_sent_with_a_replacement(stack: Stack) -> None:
     """`starter.py steer ID $'caf\\xe9'` ended in a traceback (a lone
     surrogate no payload can carry), as did every command taking text."""
