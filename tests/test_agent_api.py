@@ -130,6 +130,18 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
     await handle.signal("close")
 
 
+async def test_a_start_refused_for_a_settings_type_takes_none_of_its_settings(stack: Stack) -> None:
+    """`"maxTurns": true` failed the conversation, yet its `state` said
+    `"maxTurns": 1`: the value as read leniently before the check."""
+    handle = await stack.start(maxTurns=True, systemPrompt="Be brief.")
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 30)
+    assert "maxTurns" in str(failed.value.cause)
+    state = await handle.query("state")
+    assert state["status"] == "closed"
+    assert state["maxTurns"] is None and state["systemPrompt"] is None
+
+
 async def test_state_and_settings_read_as_plain_json_with_every_key_by_a_client_without_the_codec(
     stack: Stack,
 ) -> None:

@@ -290,6 +290,9 @@ class AgentWorkflow:
             raise refusal(self._input_error)
         if self._strict_input_error and self._versions.has(STRICT_START_INPUT_PATCH):
             session.closing = True
+            # None of the refused input was taken: `state` said `"maxTurns": 1`
+            # of a refused `"maxTurns": true` (read leniently before the check).
+            session.settings = SessionSettings()
             raise refusal(self._strict_input_error)
         await self._record_worker_defaults()
         recorded = session.track_subscribers
