@@ -117,8 +117,8 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
             await handle.execute_update("configure", {key: 2**63})
         assert isinstance(refused.value.cause, ApplicationError)
         assert refused.value.cause.message == (
-            f"`{key}` must be at most 9007199254740991 (2**53 - 1, the largest integer every JSON "
-            "reader reads exactly; null sets no limit)."
+            f"`{key}` must be between -9007199254740991 and 9007199254740991 (2**53 - 1, the largest "
+            "integer every JSON reader reads exactly; null sets no limit)."
         )
     assert (await handle.execute_update("configure", {"maxTotalTokens": 2**53 - 1}))[
         "maxTotalTokens"
@@ -140,6 +140,13 @@ async def test_a_start_refused_for_a_settings_type_takes_none_of_its_settings(st
     state = await handle.query("state")
     assert state["status"] == "closed"
     assert state["maxTurns"] is None and state["systemPrompt"] is None
+    # Past 2**53 - 1, as configure refuses it (it was taken, and reported back as given).
+    handle = await stack.start(maxTotalTokens=2**60)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 30)
+    assert isinstance(failed.value.cause, ApplicationError)
+    assert failed.value.cause.message.startswith("`maxTotalTokens` must be between -9007199254740991 and")
+    assert (await handle.query("state"))["maxTotalTokens"] is None
 
 
 async def test_state_and_settings_read_as_plain_json_with_every_key_by_a_client_without_the_codec(

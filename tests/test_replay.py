@@ -56,7 +56,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # eleventh, before a hook's RequireApproval without a reason waited for a
 # person (v14: that scenario only, the patch has its own marker); before an
 # override's non-bool flag was the call's error and a reset or a close
-# upserted the counters at once (v15: those scenarios only, their own markers).
+# upserted the counters at once (v15: those scenarios only); with the twelfth,
+# before the thirteenth took those patches and carried-counters-time and
+# start-input-safe-integers (v16: every scenario).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -70,6 +72,7 @@ V12 = sorted((ROOT / "v12").glob("*.json"))
 V13 = sorted((ROOT / "v13").glob("*.json"))
 V14 = sorted((ROOT / "v14").glob("*.json"))
 V15 = sorted((ROOT / "v15").glob("*.json"))
+V16 = sorted((ROOT / "v16").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -77,7 +80,7 @@ def _stem(path: Path) -> str:
 
 
 LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"}
-"""Scenarios recorded only from v15 on (each patch's own marker)."""
+"""Scenarios recorded only from v15 on (their old paths in v15)."""
 
 
 def test_there_are_recorded_histories() -> None:
@@ -210,6 +213,8 @@ def test_there_are_recorded_histories() -> None:
     # Recorded before strict-override-flags and search-attribute-counters-now
     # (their old paths: the text's truth ended the run; the counters left behind).
     assert {_stem(p) for p in V15} == LATER
+    # Every scenario, recorded with the twelfth combined marker (agent-2026-12-k).
+    assert {_stem(p) for p in V16} == {_stem(p) for p in CURRENT}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -228,10 +233,10 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
+        for p in CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
     ],
 )
 async def test_recorded_history_replays(path: Path) -> None:
@@ -240,10 +245,10 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+        for p in CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
     ],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:

@@ -44,6 +44,7 @@ G = F | {"tool-batch-in-parts"}
 H = G | {"drop-carried-publishers"}
 I = H | {"await-aborted-model-call"}  # noqa: E741
 J = I | {"abortable-hooks"}
+K = J | {"approval-timeout-follows-configure"}
 RECORDED_MARKERS = {
     "agent-2026-12": FIRST,
     "agent-2026-12-b": B,
@@ -55,11 +56,18 @@ RECORDED_MARKERS = {
     "agent-2026-12-h": H,
     "agent-2026-12-i": I,
     "agent-2026-12-j": J,
+    "agent-2026-12-k": K,
 }
 """What each combined marker stood for when runs recorded it (histories in
-tests/histories/v4..v13): fixed for good, whatever later versions add."""
-LATER = {"approval-timeout-follows-configure", "approval-without-reason"}
-EVERY_PATCH = J | LATER
+tests/histories/v4..v16): fixed for good, whatever later versions add."""
+LATER = {
+    "approval-without-reason",
+    "strict-override-flags",
+    "search-attribute-counters-now",
+    "carried-counters-time",
+    "start-input-safe-integers",
+}
+EVERY_PATCH = K | LATER
 
 
 @pytest.fixture

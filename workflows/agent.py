@@ -161,14 +161,22 @@ APPROVAL_TIMEOUT_FOLLOWS_PATCH = "approval-timeout-follows-configure"
 APPROVAL_WITHOUT_REASON_PATCH = "approval-without-reason"
 # An ``after_tool_call`` override whose ``is_error`` or ``terminate`` is not a
 # bool makes the call's result an error. Before this patch the value's truth
-# was taken (``terminate="false"`` ended the run). Asked only for such a value.
+# was taken (``terminate="false"`` ended the run). Asked only for such a value
+# (a run started by this version has it by its combined marker).
 STRICT_OVERRIDE_FLAGS_PATCH = "strict-override-flags"
 # A reset, and a conversation's end, upsert the counters they changed at once.
 # Before this patch they waited for the interval's next turn boundary, which
 # neither has: after a reset AgentCost kept the old cost, and a close during a
 # run left AgentTurns short of the turns that ended after it. Asked only when
-# counters would otherwise be left behind, so no other run records anything.
+# counters would otherwise be left behind.
 COUNTERS_NOW_PATCH = "search-attribute-counters-now"
+# The time of the last search-attribute upsert goes on across continue-as-new
+# (the interval of the counters); before this patch each run counted it from
+# its own first sync. Read by the combined marker only (no marker asked).
+CARRIED_COUNTERS_TIME_PATCH = "carried-counters-time"
+# A start input setting past 2**53 - 1 fails the start, as `configure` refuses
+# it; before this patch it was taken (and `state` reported it back as given).
+START_INPUT_SAFE_INTEGERS_PATCH = "start-input-safe-integers"
 
 
 DETAILS_ITEMS = 10
@@ -197,6 +205,19 @@ def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
     return refuse
 
 
+def past_safe_integer(settings: dict[str, Any]) -> str | None:
+    """Why a setting's number is refused: past 2**53 - 1 an integer is read
+    inexactly by JSON readers of other languages (JavaScript's), so `state`
+    would report another limit back; None when none is."""
+    for key, value in settings.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+            return (
+                f"`{key}` must be between -{MAX_SAFE_INTEGER} and {MAX_SAFE_INTEGER} (2**53 - 1, the "
+                "largest integer every JSON reader reads exactly; null sets no limit)."
+            )
+    return None
+
+
 def _written_by_previous_run(info: workflow.Info) -> bool:
     """Whether the start input is the carry this conversation's previous run
     wrote when it continued as new: only a run can continue itself. A retry
@@ -213,7 +234,9 @@ class AgentWorkflow:
     def __init__(self, *args: Any) -> None:
         self._bindings = WorkflowBindings()
         self._input_error: str | None = None
+        self._counters_clock_read = False  # this run's first search-attribute sync came
         self._strict_input_error: str | None = None  # refused only by runs with the patch
+        self._huge_input_error: str | None = None  # likewise (START_INPUT_SAFE_INTEGERS_PATCH)
         session_input = self._parse_start_input(args)
         carry = session_input.carry or SessionCarry()
         self._stream = EventStream(carry.stream, carry.closed_publishers)
@@ -262,6 +285,7 @@ class AgentWorkflow:
                 raise InputError(f"The start input is nested deeper than {START_INPUT_NESTING} levels.")
             session_input = SessionInput.model_validate(clean_json(raw))
             self._strict_input_error = start_input_problem(raw)
+            self._huge_input_error = past_safe_integer(raw)
             if session_input.carry is not None and (info.continued_run_id is None or info.cron_schedule):
                 raise InputError(
                     "`carry` is internal (it hands a conversation to its next run when it "
@@ -288,12 +312,15 @@ class AgentWorkflow:
         if self._input_error:
             session.closing = True
             raise refusal(self._input_error)
-        if self._strict_input_error and self._versions.has(STRICT_START_INPUT_PATCH):
+        refused = (self._strict_input_error if self._versions.has(STRICT_START_INPUT_PATCH) else None) or (
+            self._huge_input_error if self._versions.has(START_INPUT_SAFE_INTEGERS_PATCH) else None
+        )
+        if refused:
             session.closing = True
             # None of the refused input was taken: `state` said `"maxTurns": 1`
             # of a refused `"maxTurns": true` (read leniently before the check).
             session.settings = SessionSettings()
-            raise refusal(self._strict_input_error)
+            raise refusal(refused)
         await self._record_worker_defaults()
         recorded = session.track_subscribers
         if not (self._bindings.track_subscribers if recorded is None else recorded):
@@ -429,7 +456,7 @@ class AgentWorkflow:
             failure_turn_end=lambda: self._versions.has(STREAM_AS_PI_PATCH),
             abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
             approval_without_reason=lambda: workflow.patched(APPROVAL_WITHOUT_REASON_PATCH),
-            strict_override_flags=lambda: workflow.patched(STRICT_OVERRIDE_FLAGS_PATCH),
+            strict_override_flags=lambda: self._versions.has(STRICT_OVERRIDE_FLAGS_PATCH),
             until_aborted=self._until_aborted,
             pause_between_parts=self._pause_between_parts,
         )
@@ -833,18 +860,9 @@ class AgentWorkflow:
                 raise InputError(
                     f"`{key}` must be a finite number, not {json.dumps(value)} (null sets no limit)."
                 )
-            # Past 2**53 - 1 an integer is read inexactly by JSON readers of
-            # other languages (JavaScript's): `state` would report another limit.
-            huge = [
-                key
-                for key, value in payload.items()
-                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER
-            ]
+            huge = past_safe_integer(payload)
             if huge:
-                raise InputError(
-                    f"`{huge[0]}` must be at most {MAX_SAFE_INTEGER} (2**53 - 1, the largest integer "
-                    "every JSON reader reads exactly; null sets no limit)."
-                )
+                raise InputError(huge)
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
             if strict:
@@ -1119,19 +1137,24 @@ class AgentWorkflow:
         if not changed:
             return
         now = workflow.now()
+        if not self._counters_clock_read:
+            # Carried, the interval goes on across continue-as-new: counted
+            # again from each run's start, a run continued as new every few
+            # seconds never published its counters (an audit). A run from
+            # before (its marker says) counts from its first sync as it did,
+            # even if a newer worker carried it the time. Asks no marker: this
+            # runs in signal handlers too (and before `run`: not marked yet).
+            self._counters_clock_read = True
+            if not self._versions.marked(CARRIED_COUNTERS_TIME_PATCH):
+                session.published_at = None
         if session.published_at is None:
-            # The conversation's first run (or one carried by a version that
-            # did not carry the time): counted from here. Carried, the
-            # interval goes on across continue-as-new: counted again from
-            # each run's start, a run continued as new every few seconds
-            # never published its counters (an audit).
-            session.published_at = now
+            session.published_at = now  # the conversation's first run, or a run from before
         if "AgentStatus" not in changed and "AgentModel" not in changed:
             if self._versions.has(SEARCH_ATTRIBUTES_BY_TIME_PATCH):
                 due = now - session.published_at >= SEARCH_ATTRIBUTE_INTERVAL
             else:
                 due = values["AgentTurns"] - int(published.get("AgentTurns", 0)) >= SEARCH_ATTRIBUTE_TURNS
-            if not due and not (counters_now and workflow.patched(COUNTERS_NOW_PATCH)):
+            if not due and not (counters_now and self._versions.has(COUNTERS_NOW_PATCH)):
                 return
         if not self._versions.has(SEARCH_ATTRIBUTES_PATCH):
             return

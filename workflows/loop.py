@@ -523,9 +523,12 @@ async def finalize_executed_tool_call(
         for field in ("is_error", "terminate"):
             flag = getattr(override, field)
             if flag is not None and not isinstance(flag, bool) and config.strict_override_flags():
+                # The value itself only when short and plain: an object's repr
+                # holds its address (another text on replay), a long one megabytes.
+                shown = repr(flag) if isinstance(flag, (str, int, float)) and len(repr(flag)) <= 40 else None
                 raise TypeError(
-                    f"after_tool_call returned ToolResultOverride({field}={flag!r}); "
-                    f"expected True, False or None."
+                    f"after_tool_call returned ToolResultOverride({field}="
+                    f"{shown or 'a ' + type(flag).__name__}); expected True, False or None."
                 )
         return ToolOutcome(
             content=outcome.content if override.content is None else _as_content(override.content),

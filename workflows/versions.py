@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-k"
+CURRENT = "agent-2026-12-l"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -36,8 +36,10 @@ _G = _F | {"tool-batch-in-parts"}
 _H = _G | {"drop-carried-publishers"}
 _I = _H | {"await-aborted-model-call"}
 _J = _I | {"abortable-hooks"}
+_K = _J | {"approval-timeout-follows-configure"}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-k": _K,
     "agent-2026-12-j": _J,
     "agent-2026-12-i": _I,
     "agent-2026-12-h": _H,
