@@ -1602,6 +1602,25 @@ async def test_chat_reads_a_file_redirected_to_it_line_by_line_whatever_its_byte
     assert b"two" in stdout and stdout.index(b"two") < stdout.index(b"Left the chat"), stdout
 
 
+async def _chat_piped(stack: Stack, given: bytes, *args: str) -> tuple[bytes, bytes]:
+    """``starter.py chat ARGS`` with ``given`` piped in: its stdout and
+    stderr, once it exited 0 without a traceback."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "starter.py"),
+        "chat",
+        *args,
+        cwd=ROOT,
+        env=client_env(stack.dev_server),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(given), TIMEOUT)
+    assert process.returncode == 0 and b"Traceback" not in stderr, stderr
+    return stdout, stderr
+
+
 async def test_piped_quit_on_a_terminated_conversation_says_how_it_ended(stack: Stack) -> None:
     """A piped `/quit` is read before the stream tells the chat the
     conversation had ended: it said "Left the chat; the conversation goes
@@ -1610,21 +1629,8 @@ async def test_piped_quit_on_a_terminated_conversation_says_how_it_ended(stack: 
     conversation = await stack.conversation()
     await conversation.prompt("hi")
     await conversation.handle.terminate("by an operator")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "starter.py"),
-        "chat",
-        "--id",
-        conversation.id,
-        cwd=ROOT,
-        env=client_env(stack.dev_server),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    stdout, stderr = await asyncio.wait_for(process.communicate(b"/quit\n"), TIMEOUT)
+    stdout, stderr = await _chat_piped(stack, b"/quit\n", "--id", conversation.id)
 
-    assert process.returncode == 0 and b"Traceback" not in stderr, stderr
     assert b"goes on" not in stdout, (stdout, stderr)
     assert b"terminated" in stdout and b"starter.py fork" in stdout, stdout
 
@@ -1637,23 +1643,8 @@ async def test_chat_on_a_conversation_that_ended_with_no_state_says_it_starts_a_
         "AgentWorkflow", {"model": stack.model}, id=conversation_id, task_queue="no-worker-here"
     )
     await handle.terminate("before any worker")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "starter.py"),
-        "chat",
-        "--id",
-        conversation_id,
-        "--model",
-        stack.model,
-        cwd=ROOT,
-        env=client_env(stack.dev_server),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, stderr = await asyncio.wait_for(process.communicate(b"/quit\n"), TIMEOUT)
+    _, stderr = await _chat_piped(stack, b"/quit\n", "--id", conversation_id, "--model", stack.model)
 
-    assert process.returncode == 0 and b"Traceback" not in stderr, stderr
     assert b"was terminated before any worker took it" in stderr, stderr
     assert b"Starting a new one with that id." in stderr, stderr
 
