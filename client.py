@@ -119,6 +119,11 @@ class ConversationNotFound(Refused):
     """No conversation has this id, or it has ended."""
 
 
+class ConversationEnded(ConversationNotFound):
+    """A conversation by this id has ended, with nothing to read of it
+    (before any worker took it, say); the message says how it ended."""
+
+
 # How ``ConversationNotFound`` says a conversation ended other than by completing.
 _ENDINGS = {
     WorkflowExecutionStatus.COMPLETED: "was closed",  # only `close` or closeWhenIdle complete it
@@ -563,7 +568,7 @@ class Conversation:
         # had made no message; or its end was not kept (see run_events).
         ended = await self._how_it_ended(running="", unknown="")
         if ended:
-            raise ConversationNotFound(
+            raise ConversationEnded(
                 f"Conversation {self.id} {ended} before run {started.run} ended: its transcript so far is "
                 f"in the `messages` query (python starter.py messages {self.id})."
             )
@@ -880,14 +885,14 @@ class Conversation:
             raise Refused(f"Conversation {where}; a worker could not read its state: {detail}") from err
         except RPCError as err:
             if _never_ran(err):
-                raise ConversationNotFound(
+                raise ConversationEnded(
                     f"Conversation {self.id} {await self._how_it_ended()} before any worker took it: it has "
                     "no state or messages; start a new one."
                 ) from err
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             if "completed" in err.message:
-                raise ConversationNotFound(
+                raise ConversationEnded(
                     f"Conversation {self.id} {await self._how_it_ended()}: start a new one, or fork "
                     f"this one (python starter.py fork {self.id} --at N)."
                 ) from err

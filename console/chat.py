@@ -35,6 +35,7 @@ from temporalio.service import RPCError
 from client import (
     AgentMessage,
     Conversation,
+    ConversationEnded,
     ConversationExists,
     ConversationNotFound,
     PendingApproval,
@@ -93,11 +94,12 @@ async def _attach_or_start(
     conversation = Conversation.attach(client, conversation_id)
     try:
         return conversation, *await conversation.snapshot()
-    except ConversationNotFound as err:
-        if conversation.id in str(err) and not str(err).startswith("No conversation has the id"):
-            # One by that id ended with nothing to show (before any worker
-            # took it): the new one takes its id, said so, not silently.
-            print(terminal_safe(f"note: {err} Starting a new one with that id."), file=sys.stderr)
+    except ConversationEnded as err:
+        # One by that id ended with nothing to show (before any worker took
+        # it): the new one takes its id, said so, not silently.
+        print(terminal_safe(f"note: {err} Starting a new one with that id."), file=sys.stderr)
+    except ConversationNotFound:
+        pass
     try:
         await Conversation.start(client, settings, id=conversation_id, **options)
     except ConversationExists:  # another chat started it meanwhile: join it
