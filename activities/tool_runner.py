@@ -114,6 +114,7 @@ class ToolActivities:
         ) as events:
             async with heartbeating():
                 reported = False
+                shown_args = call.arguments if request.raw_arguments is None else request.raw_arguments
 
                 def publish_progress(partial: Any) -> None:
                     # The first report goes out at once, the rest in batches
@@ -125,7 +126,7 @@ class ToolActivities:
                         ToolExecutionUpdateEvent(
                             tool_call_id=call.id,
                             tool_name=call.name,
-                            args=call.arguments,
+                            args=shown_args,
                             # Cleaned: a lone surrogate failed the batch's signal,
                             # then the activity, after the tool had run.
                             partial_result=clean_json(scrub_json(_as_result_json(partial), self._secrets)),

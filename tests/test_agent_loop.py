@@ -252,7 +252,8 @@ async def test_unknown_tool_bad_json_and_invalid_arguments_are_immediate_errors(
     assert lines.index("tool_execution_end:u1") < lines.index("tool_execution_start:v1")
 
 
-async def test_arguments_are_coerced_and_defaults_filled_as_pi_does() -> None:
+async def test_arguments_are_coerced_as_pi_does_and_defaults_filled() -> None:
+    """pi coerces scalars; filling in the schema's defaults is ours (pi's tool sees none)."""
     seen: list[dict[str, Any]] = []
 
     async def record(args: dict[str, Any]) -> str:

@@ -838,6 +838,23 @@ async def test_tool_progress_is_streamed(stack: Stack) -> None:
     )
 
 
+async def test_progress_carries_the_arguments_the_model_sent(stack: Stack) -> None:
+    """As pi's: `tool_execution_update` shows the call's arguments as
+    `tool_execution_start` did, not as validation coerced them and filled
+    in its defaults (the tool itself gets those)."""
+    stack.script({"tool_calls": [call("pr2", "slow", seconds="0.2")]}, {"text": "ok"})
+    handle = await stack.start(prompt="go", closeWhenIdle=True)
+    events = await stack.events(handle.id)
+    start = next(e for e in events if e["type"] == "tool_execution_start")
+    updates = [e for e in events if e["type"] == "tool_execution_update"]
+    assert start["args"] == {"seconds": "0.2"}
+    assert [u["partialResult"]["content"][0]["text"] for u in updates] == [
+        f"step {i}/4" for i in (1, 2, 3, 4)
+    ]
+    assert [u["args"] for u in updates] == [{"seconds": "0.2"}] * 4
+    assert (await handle.result()).messages[2].content[0].text == "slept 0.2s"
+
+
 async def test_close_ends_the_conversation_with_its_transcript(stack: Stack) -> None:
     stack.script({"text": "hello"})
     handle = await stack.start(prompt="hi")

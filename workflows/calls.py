@@ -319,6 +319,7 @@ class ActivityCalls:
             # after it: the k-th call running at once gets 1/(2(k+1)) of what
             # is left, and all of them together never more than all of it.
             max_batches=self._batch_budget(share=len(self._tools) + 2),
+            raw_arguments=_raw_arguments(prepared),
         )
         cancellation = (
             workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
@@ -412,6 +413,24 @@ class ActivityCalls:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+
+MAX_RAW_ARGUMENT_BYTES = 16_000
+"""The arguments as the model sent them travel with a call whose
+preparation changed them only up to this size (they would double a large
+call's input); past it ``tool_execution_update`` shows the prepared ones."""
+
+
+def _raw_arguments(prepared: PreparedToolCall) -> dict[str, Any] | None:
+    """The call's arguments as the model sent them, when preparation
+    changed them (``1`` and ``1.0`` compare equal but read differently)."""
+    raw = prepared.call.arguments
+    if prepared.args is raw:
+        return None
+    shown = json.dumps(raw, sort_keys=True, default=str)
+    if len(shown) > MAX_RAW_ARGUMENT_BYTES or shown == json.dumps(prepared.args, sort_keys=True, default=str):
+        return None
+    return raw
 
 
 def activity_failure_text(err: BaseException) -> str:

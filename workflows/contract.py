@@ -304,6 +304,11 @@ class ToolRequest(WireModel):
     """Unique per call in the conversation, across continue-as-new (None:
     derived from the workflow and activity ids, as before)."""
     max_batches: int | None = None
+    raw_arguments: dict[str, Any] | None = None
+    """The arguments as the model sent them, when preparation changed them
+    (a shim, coercion, a default filled in): ``tool_execution_update``
+    carries these, as pi's does and as ``tool_execution_start`` did (None:
+    the same as ``tool_call.arguments``)."""
 
 
 SessionCarry.model_rebuild()
