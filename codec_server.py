@@ -67,6 +67,14 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_PAYLOADS = 20_000
 # Payloads decoded at once in one request (stored ones are fetched meanwhile).
 DECODE_AT_ONCE = 16
+# Requests decoding compressed or stored payloads at once, server-wide (the
+# others wait their turn): each may decode to AGENT_MAX_DECOMPRESSED_BYTES
+# and holds that until its answer is sent. Bounded per request only, 16
+# requests of 80 KB, each a zlib payload of 60 MiB, took the server to 3.1
+# GB (an audit). A turn ends when the answer has been written, or after
+# HEAVY_TURN_SECONDS for a client that does not read it.
+HEAVY_AT_ONCE = 2
+HEAVY_TURN_SECONDS = 60.0
 
 log = logging.getLogger("codec_server")
 
@@ -94,6 +102,7 @@ class Refused(Exception):
 
 _CONVERTER = web.AppKey("converter", DataConverter)
 _SETTINGS = web.AppKey("settings", CodecSettings)
+_HEAVY = web.AppKey("heavy", asyncio.Semaphore)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,6 +112,7 @@ def build_app(converter: DataConverter, settings: CodecSettings) -> web.Applicat
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_cors, _refusals, _bearer_token])
     app[_CONVERTER] = converter
     app[_SETTINGS] = settings
+    app[_HEAVY] = asyncio.Semaphore(HEAVY_AT_ONCE)
     app.router.add_route("*", "/{path:.*}", _codec)
     return app
 
@@ -122,13 +132,62 @@ async def _codec(request: web.Request) -> web.Response:
     namespace = _namespace(request)
     # The UI asks /download for a stored payload that /decode left as a
     # reference; this /decode never does, but the answer would be the same.
-    if action in ("decode", "download"):
-        result = await _decode_all(converter, payloads, request.app[_SETTINGS].max_decompressed_bytes)
-    else:
-        result = await _encode(converter, namespace, payloads)
-    body = json_format.MessageToDict(Payloads(payloads=result))
+    if action == "encode":  # plain payloads in, none larger out
+        return _answer(await _encode(converter, namespace, payloads))
+    budget = request.app[_SETTINGS].max_decompressed_bytes
+    if all(p.metadata.get("encoding") == b"json/plain" for p in payloads):  # as sent: nothing grows
+        return _answer(await _decode_all(converter, payloads, budget))
+    turn = await _Turn.take(request.app[_HEAVY])
+    try:
+        answer = _answer(await _decode_all(converter, payloads, budget), turn)
+    except BaseException:
+        turn.end()
+        raise
+    return answer
+
+
+def _answer(payloads: Sequence[Payload], turn: _Turn | None = None) -> web.Response:
+    body = json_format.MessageToDict(Payloads(payloads=payloads))
     body.setdefault("payloads", [])  # proto3 JSON leaves an empty list out; the UI reads it
-    return web.json_response(body)
+    text = json.dumps(body)
+    if turn is None:
+        return web.Response(text=text, content_type="application/json")
+    return _TurnResponse(turn, text=text, content_type="application/json")
+
+
+class _Turn:
+    """A heavy request's turn (``HEAVY_AT_ONCE``): ended once, when its
+    answer is written or after ``HEAVY_TURN_SECONDS``, whichever is first."""
+
+    def __init__(self, gate: asyncio.Semaphore) -> None:
+        self._gate: asyncio.Semaphore | None = gate
+        self._timer = asyncio.get_running_loop().call_later(HEAVY_TURN_SECONDS, self.end)
+
+    @classmethod
+    async def take(cls, gate: asyncio.Semaphore) -> _Turn:
+        await gate.acquire()
+        return cls(gate)
+
+    def end(self) -> None:
+        if self._gate is not None:
+            self._gate.release()
+            self._gate = None
+            self._timer.cancel()
+
+
+class _TurnResponse(web.Response):
+    """An answer that ends its request's turn once written (a client gone
+    before that: the turn's timer ends it)."""
+
+    def __init__(self, turn: _Turn, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._turn = turn
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        try:
+            await super().write_eof(data)
+        finally:
+            self._turn.end()
 
 
 def _namespace(request: web.Request) -> str:

@@ -6,12 +6,14 @@ the codec server, a running conversation), and nothing wedges."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import tracemalloc
 import uuid
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.api.common.v1 import Payload
@@ -20,8 +22,9 @@ from temporalio.common import RawValue
 from temporalio.converter import DataConverter, StorageDriverClaim, StorageDriverRetrieveContext
 from temporalio.exceptions import ApplicationError
 
+import codec_server
 from activities.blobs import digest_of
-from codec_server import CodecSettings, build_app
+from codec_server import HEAVY_AT_ONCE, CodecSettings, build_app
 from runtime.converter import READING_CARRY, refused_reason
 from runtime.payloads import CompressionCodec, FileSystemStorageDriver, data_converter
 from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
@@ -170,6 +173,64 @@ async def test_the_codec_server_bounds_what_one_request_decodes_to(monkeypatch: 
         status, text = await Endpoint(url).call("decode", as_json([under] * 9))
     assert status in (413, 422) and "AGENT_MAX_DECOMPRESSED_BYTES" in text, text
     assert len(held) == 1  # the one that fits; the chunked check held 8
+
+
+async def test_the_codec_server_decodes_for_two_requests_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 requests of 80 KB, each a zlib payload of 60 MiB, took the codec
+    server to 3.1 GB (an audit): requests with compressed or stored payloads
+    take turns, two at a time, and a turn ends when its answer is written
+    (not after the minute a client that never reads is given)."""
+    active = most = 0
+    real = codec_server._decode_all
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        try:
+            await asyncio.sleep(0.05)
+            return await real(*args, **kwargs)
+        finally:
+            active -= 1
+
+    monkeypatch.setattr(codec_server, "_decode_all", counted)
+    converter = data_converter(Settings(storage="off", max_decompressed_bytes=2 * MiB))
+    under = zlib_bomb(MiB)
+    async with serving(build_app(converter, CodecSettings(max_decompressed_bytes=2 * MiB))) as url:
+        endpoint = Endpoint(url)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(endpoint.call("decode", as_json([under])) for _ in range(8))), 30
+        )
+    assert [status for status, _ in answers] == [200] * 8
+    assert most == HEAVY_AT_ONCE
+
+
+async def test_plain_payloads_do_not_wait_for_the_heavy_requests_turns() -> None:
+    """Payloads that are plain JSON decode to what was sent: they are read at
+    once while compressed ones wait for a turn."""
+    converter = data_converter(Settings(storage="off"))
+    app = build_app(converter, CodecSettings())
+    gate = app[codec_server._HEAVY]
+    for _ in range(HEAVY_AT_ONCE):
+        await gate.acquire()
+    compressed = Payload(metadata={"encoding": b"binary/zlib"}, data=zlib.compress(_plain(b'"big"')))
+    async with serving(app) as url:
+        endpoint = Endpoint(url)
+        heavy = asyncio.create_task(endpoint.call("decode", as_json([compressed])))
+        status, _ = await endpoint.call(
+            "decode", as_json([Payload(metadata={"encoding": b"json/plain"}, data=b'"ok"')])
+        )
+        assert status == 200
+        await asyncio.sleep(0.3)
+        assert not heavy.done()
+        for _ in range(HEAVY_AT_ONCE):
+            gate.release()
+        status, text = await asyncio.wait_for(heavy, 10)
+    assert status == 200 and json.loads(text)["payloads"][0]["data"] == base64.b64encode(b'"big"').decode()
+
+
+def _plain(data: bytes) -> bytes:
+    return Payload(metadata={"encoding": b"json/plain"}, data=data).SerializeToString()
 
 
 # --- a running conversation ------------------------------------------------------------
