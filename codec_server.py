@@ -344,8 +344,10 @@ def _known_encodings(payload_converter_class: type) -> frozenset[bytes]:
 def _decode_refusal(index: int, payload: Payload, err: Exception) -> Refused:
     """Why payload ``index`` could not be decoded, as one sentence."""
     encoding = payload.metadata.get("encoding", b"").decode(errors="replace")
-    if isinstance(err, zlib.error | DecodeError):
+    if isinstance(err, zlib.error):
         return Refused(422, f"Payload {index} is marked {encoding} but its data does not decompress.")
+    if isinstance(err, DecodeError):
+        return Refused(422, f"Payload {index} is marked {encoding} but its data is not a serialized payload.")
     if isinstance(err, RuntimeError) and "TMPRL1105" in str(err):
         return Refused(
             422,

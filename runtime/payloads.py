@@ -527,7 +527,7 @@ class CompressionCodec(PayloadCodec):
         try:
             return Payload.FromString(plain)
         except DecodeError:
-            return refused_payload(_NOT_ZLIB)
+            return refused_payload(_NOT_A_PAYLOAD)
 
     def _compress(self, payload: Payload) -> Payload:
         data = zlib.compress(payload.SerializeToString(), 6)
@@ -538,6 +538,7 @@ class CompressionCodec(PayloadCodec):
 
 _ZLIB = b"binary/zlib"
 _NOT_ZLIB = "is marked binary/zlib but its data does not decompress"
+_NOT_A_PAYLOAD = "is marked binary/zlib and decompresses, but not to a payload (compressed by something else)"
 # Smaller compressed data inflates on the event loop: even as a bomb it
 # expands to at most about 4 MiB (zlib's ratio is at most ~1000:1), ~15 ms.
 _INFLATE_IN_THREAD_BYTES = 4 * 1024

@@ -271,6 +271,12 @@ async def test_a_wait_survives_a_continue_as_new(stack: Stack) -> None:
         ({"toolCallId": "g1", "approved": "false"}, '"approved": true or false'),
         ({"toolCallId": "g1", "approved": True, "aproved": False}, "Unknown approve_tool key(s) aproved"),
         ({"toolCallId": "g1", "approved": False, "reson": "typo"}, "Unknown approve_tool key(s) reson"),
+        # Both spellings: which call is decided must not hang on which one wins.
+        (
+            {"tool_call_id": "nonexistent", "toolCallId": "g1", "approved": True},
+            "`toolCallId` is given twice, also as `tool_call_id`: give it once.",
+        ),
+        ({"toolCallId": "x" * 200_000, "approved": True}, "xx'… (200,000 characters) is waiting"),
     ],
 )
 async def test_a_decision_must_say_true_or_false_in_so_many_words(
@@ -285,6 +291,7 @@ async def test_a_decision_must_say_true_or_false_in_so_many_words(
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update("approve_tool", decision)
     assert says in str(refused.value.cause)
+    assert len(str(refused.value.cause)) < 300  # a long id is not repeated whole
     assert [a["toolCallId"] for a in (await handle.query("state"))["pendingApprovals"]] == ["g1"]
     await handle.execute_update("approve_tool", {"tool_call_id": "g1", "approved": False, "reason": "no"})
     events = await log.wait_for_type("agent_end")

@@ -108,14 +108,20 @@ async def test_a_large_payload_under_the_bound_still_reads() -> None:
 
 
 @pytest.mark.parametrize(
-    "data",
-    [b"not zlib at all", zlib.compress(b"\x0a\x04json" * 50)[:-6], zlib.compress(b"\xff\xff\xff")],
+    ("data", "says"),
+    [
+        (b"not zlib at all", "its data does not decompress"),
+        (zlib.compress(b"\x0a\x04json" * 50)[:-6], "its data does not decompress"),
+        (zlib.compress(b"\xff\xff\xff"), "decompresses, but not to a payload"),
+    ],
     ids=["garbage", "truncated", "not-a-payload"],
 )
-async def test_corrupt_compressed_data_is_refused_with_a_sentence(data: bytes) -> None:
+async def test_corrupt_compressed_data_is_refused_with_a_sentence(data: bytes, says: str) -> None:
+    """Each refusal says what is wrong: data that decompresses fine into
+    something else was said not to decompress (an audit)."""
     converter = data_converter(Settings(storage="off"))
 
-    with pytest.raises(ApplicationError, match="marked binary/zlib but its data does not decompress"):
+    with pytest.raises(ApplicationError, match=f"marked binary/zlib (but|and) {says}"):
         await converter.decode([Payload(metadata={"encoding": b"binary/zlib"}, data=data)], [str])
 
 

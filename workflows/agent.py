@@ -190,6 +190,14 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _quoted_id(call_id: str) -> str:
+    """A tool call id as a refusal quotes it: an id of 200,000 characters
+    came back whole (an audit)."""
+    if len(call_id) <= 100:
+        return repr(call_id)
+    return f"{call_id[:99]!r}… ({len(call_id):,} characters)"
+
+
 def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
     """An update validator whose ``InputError`` refuses the update as the
     handlers' own failures do: type ``InvalidInput``, not retryable (else
@@ -970,6 +978,10 @@ class AgentWorkflow:
                     f"Unknown approve_tool key(s) {', '.join(unknown)}: "
                     "it takes toolCallId, approved and reason."
                 )
+            for field in ApprovalRequest.model_fields:
+                if field in payload and to_camel(field) in payload and field != to_camel(field):
+                    # Which call to decide must not hang on which spelling wins.
+                    raise InputError(f"`{to_camel(field)}` is given twice, also as `{field}`: give it once.")
             if not isinstance(payload.get("approved"), bool):
                 raise InputError('approve_tool takes "approved": true or false (a JSON boolean).')
         self._refuse_a_late_decision(self._parse_approval(args).tool_call_id)
@@ -986,11 +998,11 @@ class AgentWorkflow:
         waiting = batch.waiting.get(call_id) if batch is not None else None
         if waiting is not None and waiting.deadline_ms is not None and self._now_ms() >= waiting.deadline_ms:
             raise InputError(
-                f"Tool call {call_id!r} is past its approval timeout: it is not approved, "
+                f"Tool call {_quoted_id(call_id)} is past its approval timeout: it is not approved, "
                 "whatever is decided now."
             )
         if session.abort_requested:
-            raise InputError(f"The run is being aborted: tool call {call_id!r} will not run.")
+            raise InputError(f"The run is being aborted: tool call {_quoted_id(call_id)} will not run.")
 
     def _parse_approval(self, args: tuple[Any, ...]) -> ApprovalRequest:
         # Cleaned as every other argument is: a reason with a lone surrogate
@@ -1006,7 +1018,7 @@ class AgentWorkflow:
             ) from None
         session = self._session
         if decision.tool_call_id not in session.approvals or decision.tool_call_id in session.decisions:
-            raise InputError(f"No tool call {decision.tool_call_id!r} is waiting for approval.")
+            raise InputError(f"No tool call {_quoted_id(decision.tool_call_id)} is waiting for approval.")
         return decision
 
     # --- signals --------------------------------------------------------------------------
