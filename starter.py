@@ -70,8 +70,10 @@ def start_options(args: argparse.Namespace) -> dict[str, Any]:
         "thinking_level": args.thinking,
         "tools": _names(args.tools),
         "max_turns": args.max_turns,
+        "approval_timeout_seconds": args.approval_timeout,
     }
-    return {k: v for k, v in fields.items() if v is not None}
+    # "none" at the start is the default: no limit.
+    return {k: v for k, v in fields.items() if v is not None and v is not NO_LIMIT}
 
 
 def _names(raw: str | None) -> list[str] | None:
@@ -240,7 +242,8 @@ async def cmd_configure(client: Client, settings: Settings, args: argparse.Names
         "max_cost": args.max_cost,
         "approval_timeout_seconds": args.approval_timeout,
     }
-    changes = {k: v for k, v in changes.items() if v is not None}  # none: print those in force
+    # No option: change nothing and print those in force; "none": null, no limit.
+    changes = {k: (None if v is NO_LIMIT else v) for k, v in changes.items() if v is not None}
     in_force = await Conversation.attach(client, args.id).configure(**changes)
     print(json.dumps(in_force.model_dump(mode="json"), indent=2))
     return 0
@@ -307,7 +310,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--system", help="system prompt")
         sub.add_argument("--thinking", choices=THINKING_LEVELS)
         sub.add_argument("--tools", help="comma-separated tool names (default: all the worker has)")
-        sub.add_argument("--max-turns", type=_count, help="most model calls in one run")
+        sub.add_argument(
+            "--max-turns",
+            type=_or_none(_count),
+            metavar="N",
+            help="most model calls in one run (none: no limit)",
+        )
+        sub.add_argument(
+            "--approval-timeout",
+            type=_or_none(_seconds),
+            metavar="SECONDS",
+            help="reject calls undecided this long after they asked (configure: those waiting now "
+            "too; none: wait for good, the default)",
+        )
 
     def start_settings(sub: argparse.ArgumentParser) -> None:
         agent_settings(sub)
@@ -362,13 +377,17 @@ def build_parser() -> argparse.ArgumentParser:
     configure.add_argument("--tool-execution", choices=["parallel", "sequential"])
     configure.add_argument("--steering-mode", choices=["one-at-a-time", "all"])
     configure.add_argument("--follow-up-mode", choices=["one-at-a-time", "all"])
-    configure.add_argument("--max-total-tokens", type=_count, help="token budget of the conversation")
-    configure.add_argument("--max-cost", type=float, help="cost budget of the conversation")
     configure.add_argument(
-        "--approval-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="reject calls undecided this long after they asked (those waiting now too)",
+        "--max-total-tokens",
+        type=_or_none(_count),
+        metavar="N",
+        help="token budget of the conversation (none: no limit)",
+    )
+    configure.add_argument(
+        "--max-cost",
+        type=_or_none(float),
+        metavar="USD",
+        help="cost budget of the conversation (none: no limit)",
     )
 
     clear = commands.add_parser("clear", help="remove queued messages; print them (JSON, oldest first)")
@@ -520,6 +539,32 @@ def _whole(what: str, least: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+NO_LIMIT: Any = object()
+"""What ``none`` given for a limit parses to: null in ``configure`` (no
+limit), the default at a start."""
+
+
+def _or_none(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type that also takes ``none`` (or ``null``): no limit."""
+
+    def parse_or_none(text: str) -> Any:
+        return NO_LIMIT if text.strip().lower() in ("none", "null") else parse(text)
+
+    parse_or_none.__name__ = getattr(parse, "__name__", "value")  # argparse names it in a refusal
+    return parse_or_none
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seconds are a number, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds are a number above 0, not {text}")
+    return value
 
 
 _offset = _whole("an offset", 0)  # an event offset

@@ -830,6 +830,48 @@ async def test_starter_configure_prints_the_settings_in_force(stack: Stack) -> N
     assert (in_force["maxCost"], in_force["approvalTimeoutSeconds"]) == (None, None)
 
 
+async def test_starter_sets_and_clears_limits_with_none(stack: Stack) -> None:
+    """`--approval-timeout` at the start (SPEC 9: a start/configure setting),
+    and `none` in `configure` clears a limit, as null does in the update
+    (only the Python client could before, an audit)."""
+    code, stdout = await starter(stack.dev_server, "start", "--approval-timeout", "30", "--max-turns", "4")
+    assert code == 0
+    conversation = Conversation.attach(stack.client, stdout.strip())
+    state = await conversation.state()
+    assert (state.approval_timeout_seconds, state.max_turns) == (30, 4)
+
+    code, stdout = await starter(
+        stack.dev_server,
+        "configure",
+        conversation.id,
+        "--max-cost",
+        "2.5",
+        "--max-total-tokens",
+        "1000",
+    )
+    assert code == 0
+    code, stdout = await starter(
+        stack.dev_server,
+        "configure",
+        conversation.id,
+        "--approval-timeout",
+        "none",
+        "--max-turns",
+        "None",
+        "--max-cost",
+        "null",
+        "--max-total-tokens",
+        "none",
+    )
+    assert code == 0
+    in_force = json.loads(stdout)
+    limits = ("approvalTimeoutSeconds", "maxTurns", "maxCost", "maxTotalTokens")
+    assert [in_force[k] for k in limits] == [None] * 4
+    state = await conversation.state()
+    assert (state.approval_timeout_seconds, state.max_turns, state.max_cost) == (None, None, None)
+    await conversation.close()
+
+
 async def test_starter_clear_prints_the_removed_messages_oldest_first(stack: Stack) -> None:
     stack.script({"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 30}}]})
     conversation = await stack.conversation()
