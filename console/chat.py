@@ -267,9 +267,15 @@ class ChatSession:
                 if self._piped:
                     # The end of what was piped: its answers are shown before
                     # the chat leaves (it left at once, the answers unseen).
-                    with contextlib.suppress(Refused, StoppedWaiting, RPCError):
-                        await self._conversation.wait_for_idle()
+                    await self._answered_or_waiting_for_approval()
                     await self._shown_to_its_end()
+                    if self._approvals:
+                        waiting = ", ".join(self._approvals)
+                        self._say(
+                            f"Tool call(s) {waiting} wait for approval: python starter.py approve "
+                            f"{self._conversation.id} CALL_ID [--reject] decides one.",
+                            "yellow",
+                        )
                 return
             except KeyboardInterrupt:
                 line = None
@@ -280,6 +286,20 @@ class ChatSession:
                 self._say(f"✗ {err}", "red")
             except RPCError as err:
                 self._say(f"✗ {err.message}", "red")
+
+    async def _answered_or_waiting_for_approval(self) -> None:
+        """Until no run is active, or one waits for a person's decision: no
+        line is left to give it (a piped ``delete it`` without its ``y``
+        kept the chat waiting for good, an audit)."""
+        idle = asyncio.ensure_future(self._conversation.wait_for_idle())
+        try:
+            while not idle.done() and not self._approvals:
+                await asyncio.wait([idle], timeout=0.1)
+        finally:
+            if not idle.done():
+                idle.cancel()
+            with contextlib.suppress(Refused, StoppedWaiting, RPCError, asyncio.CancelledError):
+                await idle
 
     async def _shown_to_its_end(self, within: float = 10.0) -> None:
         """Until the renderer, which reads a little behind the conversation

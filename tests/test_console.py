@@ -1677,6 +1677,22 @@ async def test_piped_quit_on_a_terminated_conversation_says_how_it_ended(stack: 
     assert b"terminated" in stdout and b"starter.py fork" in stdout, stdout
 
 
+async def test_piped_chat_leaves_when_a_call_waits_for_approval(stack: Stack) -> None:
+    """Input that ends while a call waits for a decision: no line is left
+    to give it, and the chat waited for good (an audit). It leaves, saying
+    how to decide the call; the call still waits."""
+    stack.script({"tool_calls": [guarded_call("call_p", "x")]}, {"text": "done"})
+    conversation_id = f"chat-approval-{uuid.uuid4().hex[:6]}"
+    stdout, _ = await _chat_piped(stack, b"please\n", "--id", conversation_id, "--model", stack.model)
+
+    said = b" ".join(stdout.split())  # wrapped at the terminal's width
+    assert b"call_p wait for approval" in said, stdout
+    assert f"python starter.py approve {conversation_id} CALL_ID".encode() in said, stdout
+    conversation = Conversation.attach(stack.client, conversation_id)
+    assert [a.tool_call_id for a in (await conversation.state()).pending_approvals] == ["call_p"]
+    await conversation.close()
+
+
 async def test_chat_on_a_conversation_that_ended_with_no_state_says_it_starts_a_new_one(stack: Stack) -> None:
     """Attaching by id to a conversation terminated before any worker took
     it started a new conversation under that id without a word."""
