@@ -516,6 +516,29 @@ async def reset_counters(client: Client, server: ScriptedModelServer, model: str
     return handle
 
 
+async def sequential_hook_view(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """A sequential batch whose second call's before_tool_call hook
+    (``RecordingHooks``) blocks it if handed the first call's result: it
+    runs (hooks-see-batch-start; before, the hook saw it and blocked)."""
+    server.script(
+        model,
+        [
+            {
+                "tool_calls": [
+                    call("q1", "sequential_echo", text="first"),
+                    call("q2", "sequential_echo", text="hook-sees-results"),
+                ]
+            },
+            {"text": "done"},
+        ],
+    )
+    handle = await start(client, model, prompt="in order", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -542,6 +565,7 @@ SCENARIOS: dict[str, Scenario] = {
     "override_flag_as_text": override_flag_as_text,
     "close_mid_run": close_mid_run,
     "reset_counters": reset_counters,
+    "sequential_hook_view": sequential_hook_view,
 }
 
 

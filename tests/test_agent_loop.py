@@ -1150,3 +1150,65 @@ async def test_text_a_hook_gives_with_a_lone_surrogate_is_written_with_a_replace
     }
     to_json(fake.events)  # every event can be written
     assert messages[-1].text == "ok"
+
+
+@pytest.mark.parametrize("pi_view", [True, False], ids=["batch-start", "recorded-before"])
+async def test_hooks_of_a_sequential_batch_see_the_transcript_as_pi_hands_it(pi_view: bool) -> None:
+    """pi adds a batch's results to its context when the batch ends: the
+    hooks of a sequential batch's second call do not see the first call's
+    result (they did here, a pi-parity audit). A run recorded before
+    (``hooks_see_batch_start`` False) keeps what its hooks saw."""
+    seen: list[tuple[str, str, list[str]]] = []
+
+    class Watching(AgentHooks):
+        def before_tool_call(self, context: ToolCallContext) -> None:
+            seen.append(("before", context.tool_call.id, roles(context.messages)))
+
+        def after_tool_call(self, context: ToolCallContext, outcome: ToolOutcome) -> None:
+            seen.append(("after", context.tool_call.id, roles(context.messages)))
+
+    fake = agent(calls(("s1", "echo", {"text": "a"}), ("s2", "echo", {"text": "b"})), say("done"))
+    fake.tool_execution = "sequential"
+    fake.hooks = Watching()
+    context = fake.context()
+    config = replace(fake.config(), hooks_see_batch_start=lambda: pi_view)
+    await run_agent_loop([user("go")], context, config)
+
+    batch_start = ["user", "assistant:toolUse"]
+    with_first = [*batch_start, *([] if pi_view else ["toolResult:s1"])]
+    assert seen == [
+        ("before", "s1", batch_start),
+        ("after", "s1", batch_start),
+        ("before", "s2", with_first),
+        ("after", "s2", with_first),
+    ]
+    assert roles(context.messages) == [*batch_start, "toolResult:s1", "toolResult:s2", "assistant:stop"]
+
+
+@pytest.mark.parametrize("keeps", [True, False], ids=["kept", "recorded-before"])
+async def test_an_abort_taken_at_a_turn_boundary_keeps_the_follow_ups_queued(keeps: bool) -> None:
+    """SPEC 6: after a run ends by abort, queued follow-ups stay queued. An
+    abort taken while the run switched to continue-as-new after a turn
+    without tool calls found the follow-up poll unguarded: the follow-up
+    went into the aborted turn (a pi-parity audit). A run recorded before
+    (``abort_before_follow_ups`` False) replays as it went."""
+    fake = agent(say("answered"), say("never"))
+    fake.follow_up.append(user("later"))
+
+    async def abort_during_the_switch() -> None:
+        fake.aborted = True
+
+    context = fake.context()
+    config = replace(
+        fake.config(), at_turn_boundary=abort_during_the_switch, abort_before_follow_ups=lambda: keeps
+    )
+    await run_agent_loop([user("go")], context, config)
+
+    assert fake.model_contexts and len(fake.model_contexts) == 1  # the model is not called again
+    if keeps:
+        assert [m.content for m in fake.follow_up] == ["later"]
+        assert roles(context.messages) == ["user", "assistant:stop", "assistant:aborted"]
+    else:
+        assert fake.follow_up == []
+        assert roles(context.messages) == ["user", "assistant:stop", "user", "assistant:aborted"]
+    assert fake.outline()[-1].startswith("agent_end")

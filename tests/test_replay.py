@@ -58,7 +58,10 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # override's non-bool flag was the call's error and a reset or a close
 # upserted the counters at once (v15: those scenarios only); with the twelfth,
 # before the thirteenth took those patches and carried-counters-time and
-# start-input-safe-integers (v16: every scenario).
+# start-input-safe-integers (v16: every scenario); with the thirteenth,
+# before the hooks of a sequential batch saw the transcript as pi hands it
+# and an abort taken at a turn boundary kept the follow-ups queued (v17:
+# every scenario, sequential_hook_view on its old path).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -73,14 +76,17 @@ V13 = sorted((ROOT / "v13").glob("*.json"))
 V14 = sorted((ROOT / "v14").glob("*.json"))
 V15 = sorted((ROOT / "v15").glob("*.json"))
 V16 = sorted((ROOT / "v16").glob("*.json"))
+V17 = sorted((ROOT / "v17").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
     return path.stem.rsplit("_", 1)[0] if path.stem[-1].isdigit() else path.stem
 
 
-LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"}
-"""Scenarios recorded only from v15 on (their old paths in v15)."""
+LATEST = {"sequential_hook_view"}
+"""Scenarios recorded only from v17 on (their old paths in v17)."""
+LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"} | LATEST
+"""Scenarios recorded only from v15 on (their old paths in v15), and the latest."""
 
 
 def test_there_are_recorded_histories() -> None:
@@ -106,6 +112,7 @@ def test_there_are_recorded_histories() -> None:
         "override_flag_as_text",  # an after_tool_call override whose terminate is text
         "close_mid_run",  # a close while a tool runs: the counters at the end
         "reset_counters",  # a reset: the counters at once
+        "sequential_hook_view",  # a hook handed its sequential batch's earlier result
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
@@ -212,9 +219,12 @@ def test_there_are_recorded_histories() -> None:
     assert {_stem(p) for p in V14} == {"hook_approval_no_reason"}
     # Recorded before strict-override-flags and search-attribute-counters-now
     # (their old paths: the text's truth ended the run; the counters left behind).
-    assert {_stem(p) for p in V15} == LATER
+    assert {_stem(p) for p in V15} == LATER - LATEST
     # Every scenario, recorded with the twelfth combined marker (agent-2026-12-k).
-    assert {_stem(p) for p in V16} == {_stem(p) for p in CURRENT}
+    assert {_stem(p) for p in V16} == {_stem(p) for p in CURRENT} - LATEST
+    # Every scenario, recorded with the thirteenth (agent-2026-12-l), and the
+    # old path of hooks-see-batch-start (the hook saw the result and blocked).
+    assert {_stem(p) for p in V17} == {_stem(p) for p in CURRENT}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -233,10 +243,26 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    CURRENT + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1
+        for p in CURRENT
+        + V17
+        + V16
+        + V15
+        + V14
+        + V13
+        + V12
+        + V11
+        + V10
+        + V9
+        + V8
+        + V7
+        + V6
+        + V5
+        + V4
+        + V2
+        + V1
     ],
 )
 async def test_recorded_history_replays(path: Path) -> None:
@@ -245,10 +271,10 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    CURRENT + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+        for p in CURRENT + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
     ],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:

@@ -45,6 +45,12 @@ H = G | {"drop-carried-publishers"}
 I = H | {"await-aborted-model-call"}  # noqa: E741
 J = I | {"abortable-hooks"}
 K = J | {"approval-timeout-follows-configure"}
+L = K | {
+    "strict-override-flags",
+    "search-attribute-counters-now",
+    "carried-counters-time",
+    "start-input-safe-integers",
+}
 RECORDED_MARKERS = {
     "agent-2026-12": FIRST,
     "agent-2026-12-b": B,
@@ -57,17 +63,12 @@ RECORDED_MARKERS = {
     "agent-2026-12-i": I,
     "agent-2026-12-j": J,
     "agent-2026-12-k": K,
+    "agent-2026-12-l": L,
 }
 """What each combined marker stood for when runs recorded it (histories in
-tests/histories/v4..v16): fixed for good, whatever later versions add."""
-LATER = {
-    "approval-without-reason",
-    "strict-override-flags",
-    "search-attribute-counters-now",
-    "carried-counters-time",
-    "start-input-safe-integers",
-}
-EVERY_PATCH = K | LATER
+tests/histories/v4..v17): fixed for good, whatever later versions add."""
+LATER = {"approval-without-reason", "hooks-see-batch-start", "abort-before-follow-ups"}
+EVERY_PATCH = L | LATER
 
 
 @pytest.fixture

@@ -164,6 +164,8 @@ APPROVAL_WITHOUT_REASON_PATCH = "approval-without-reason"
 # was taken (``terminate="false"`` ended the run). Asked only for such a value
 # (a run started by this version has it by its combined marker).
 STRICT_OVERRIDE_FLAGS_PATCH = "strict-override-flags"
+HOOKS_SEE_BATCH_START_PATCH = "hooks-see-batch-start"
+ABORT_BEFORE_FOLLOW_UPS_PATCH = "abort-before-follow-ups"
 # A reset, and a conversation's end, upsert the counters they changed at once.
 # Before this patch they waited for the interval's next turn boundary, which
 # neither has: after a reset AgentCost kept the old cost, and a close during a
@@ -465,6 +467,8 @@ class AgentWorkflow:
             abort_over_stop=lambda: self._versions.has(ABORT_OVER_STOP_PATCH),
             approval_without_reason=lambda: workflow.patched(APPROVAL_WITHOUT_REASON_PATCH),
             strict_override_flags=lambda: self._versions.has(STRICT_OVERRIDE_FLAGS_PATCH),
+            hooks_see_batch_start=lambda: self._versions.has(HOOKS_SEE_BATCH_START_PATCH),
+            abort_before_follow_ups=lambda: self._versions.has(ABORT_BEFORE_FOLLOW_UPS_PATCH),
             until_aborted=self._until_aborted,
             pause_between_parts=self._pause_between_parts,
         )

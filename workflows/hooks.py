@@ -45,7 +45,9 @@ class ToolCallContext:
     args: dict[str, Any]
     """The validated arguments (defaults filled in)."""
     messages: list[AgentMessage] = field(default_factory=list)
-    """The transcript so far (read-only by contract)."""
+    """The transcript up to the call's assistant message, as pi's context
+    holds it until the batch ends: a sequential batch's earlier results are
+    not in it (a copy of the list; the messages are read-only by contract)."""
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,16 @@ class LoopConfig:
     """A hook's ``RequireApproval`` without a reason waits for a person (with
     the default reason); False replays a run recorded before, whose call ran
     without asking."""
+    hooks_see_batch_start: Callable[[], bool] = lambda: True
+    """A tool-call hook of a sequential batch sees the transcript up to the
+    batch's assistant message, as pi's context holds it until the batch
+    ends; False replays a run recorded before, whose hooks also saw the
+    results of the batch's earlier calls. Asked only when there are some."""
+    abort_before_follow_ups: Callable[[], bool] = lambda: True
+    """An abort taken when the agent would stop (at a turn boundary, as the
+    run switched to continue-as-new) ends the run with its aborted message,
+    the follow-up queue kept (SPEC 6); False replays a run recorded before,
+    which gave a follow-up to the aborted turn. Asked only when aborted."""
     strict_override_flags: Callable[[], bool] = lambda: True
     """A ``ToolResultOverride`` whose ``is_error`` or ``terminate`` is not a
     bool (or None) makes the call's result an error naming it; False
@@ -264,6 +274,11 @@ async def run_loop(
             pending = [] if config.is_aborted() else config.get_steering_messages()
             pending_queue = "steering"
 
+        if config.is_aborted() and config.abort_before_follow_ups():
+            # SPEC 6: the follow-ups stay queued; the next turn makes the
+            # aborted message without calling the model.
+            pending, has_more_tool_calls = [], True
+            continue
         pending = config.get_follow_up_messages()
         pending_queue = "followUp"
         if not pending:
@@ -377,6 +392,21 @@ async def execute_tool_calls(
     return results, bool(outcomes) and all(o.terminate for o in outcomes)
 
 
+def _hook_messages(context: AgentContext, config: LoopConfig) -> list[AgentMessage]:
+    """The transcript a tool-call hook is handed (a copy: a hook that
+    appends to it or clears it must not change the transcript): up to the
+    batch's assistant message, as pi's context holds it until the batch
+    ends, without the results of a sequential batch's earlier calls."""
+    batch = context.run.batch
+    if (
+        batch is not None
+        and len(context.messages) > batch.message_index + 1
+        and config.hooks_see_batch_start()
+    ):
+        return context.messages[: batch.message_index + 1]
+    return list(context.messages)
+
+
 def _index_of(messages: list[AgentMessage], message: AgentMessage) -> int:
     """Where ``message`` is in the transcript (the last message, normally)."""
     return next(i for i in range(len(messages) - 1, -1, -1) if messages[i] is message)
@@ -433,7 +463,9 @@ async def _prepare(
             config,
             # A copy of the list: a hook that appends to it or clears it
             # must not change the transcript (a hooks audit saw both).
-            config.hooks.before_tool_call(ToolCallContext(message, call, args, list(context.messages))),
+            config.hooks.before_tool_call(
+                ToolCallContext(message, call, args, _hook_messages(context, config))
+            ),
         )
     except ToolArgumentsError as err:
         return error_outcome(str(err))
@@ -507,7 +539,7 @@ async def finalize_executed_tool_call(
 ) -> ToolOutcome:
     """pi's ``finalizeExecutedToolCall``: ``after_tool_call`` may replace
     fields of the result; if it raises, the result becomes an error."""
-    call_context = ToolCallContext(message, prepared.call, prepared.args, list(context.messages))
+    call_context = ToolCallContext(message, prepared.call, prepared.args, _hook_messages(context, config))
     try:
         # Copies, as for before_tool_call: a change goes through ToolResultOverride.
         seen = outcome.model_copy(deep=True)

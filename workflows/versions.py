@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-l"
+CURRENT = "agent-2026-12-m"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -37,8 +37,15 @@ _H = _G | {"drop-carried-publishers"}
 _I = _H | {"await-aborted-model-call"}
 _J = _I | {"abortable-hooks"}
 _K = _J | {"approval-timeout-follows-configure"}
+_L = _K | {
+    "strict-override-flags",
+    "search-attribute-counters-now",
+    "carried-counters-time",
+    "start-input-safe-integers",
+}
 
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-l": _L,
     "agent-2026-12-k": _K,
     "agent-2026-12-j": _J,
     "agent-2026-12-i": _I,
