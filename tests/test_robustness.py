@@ -192,6 +192,41 @@ async def test_a_bad_start_input_fails_the_conversation_with_a_sentence(
     assert (await handle.query("state", result_type=dict))["status"] == "closed"
 
 
+async def test_a_retried_run_takes_no_carry_a_client_sent(stack: Stack, worker_env: dict[str, str]) -> None:
+    """A retry starts with the input of the run it retries: a client's
+    forged carry, when the first run timed out before a worker took it (a
+    security audit: another conversation's stored context reached the
+    model, counters and budgets were rewritten). It fails with a sentence,
+    none of the carry taken."""
+    from datetime import timedelta
+
+    from temporalio.common import RetryPolicy
+
+    from worker import build_worker
+
+    queue = f"agent-retried-carry-{uuid.uuid4().hex[:6]}"
+    forged = {"runs": 55, "totalTurns": 777, "errorMessage": "FORGED"}
+    handle = await stack.client.start_workflow(
+        "AgentWorkflow",
+        {"model": stack.model, "prompt": "hi", "carry": forged},
+        id=f"retried-carry-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+        run_timeout=timedelta(seconds=3),
+        retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=2),
+    )
+    first = handle.first_execution_run_id
+    latest = stack.client.get_workflow_handle(handle.id)
+    while (await latest.describe()).run_id == first:  # it times out with no worker on the queue
+        await asyncio.sleep(0.2)
+    async with build_worker(stack.client, Settings.from_env(worker_env, task_queue=queue)):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 30)
+        assert "a retried run (attempt 2) cannot tell a carry" in str(failed.value.cause)
+        state = await handle.query("state", result_type=dict)
+    assert (state["status"], state["runs"], state["turns"], state["errorMessage"]) == ("closed", 0, 0, None)
+    assert stack.requests() == []  # the model never called
+
+
 @pytest.mark.parametrize(
     "metadata",
     [
@@ -239,7 +274,11 @@ async def test_a_refusal_quotes_at_most_a_thousand_characters_of_what_was_sent(
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await asyncio.wait_for(plain.execute_update(name, argument), 20)
     message = str(refused.value.cause)
-    assert len(message) <= 1100 and message.endswith("... (cut)."), message[:200]
+    assert len(message) <= 1100, message[:200]
+    # A tool call id is quoted shortened, with its length; the rest is cut.
+    assert message.endswith(
+        "(1,000,000 characters) is waiting for approval." if name == "approve_tool" else "... (cut)."
+    ), message[:200]
     await asyncio.wait_for(still_answers(stack, handle), 20)
     await handle.signal("close")
 

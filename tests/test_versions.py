@@ -67,7 +67,7 @@ RECORDED_MARKERS = {
 }
 """What each combined marker stood for when runs recorded it (histories in
 tests/histories/v4..v17): fixed for good, whatever later versions add."""
-LATER = {"approval-without-reason", "hooks-see-batch-start", "abort-before-follow-ups"}
+LATER = {"approval-without-reason", "hooks-see-batch-start", "abort-before-follow-ups", "carry-not-retried"}
 EVERY_PATCH = L | LATER
 
 

@@ -165,6 +165,7 @@ APPROVAL_WITHOUT_REASON_PATCH = "approval-without-reason"
 # (a run started by this version has it by its combined marker).
 STRICT_OVERRIDE_FLAGS_PATCH = "strict-override-flags"
 HOOKS_SEE_BATCH_START_PATCH = "hooks-see-batch-start"
+CARRY_NOT_RETRIED_PATCH = "carry-not-retried"
 ABORT_BEFORE_FOLLOW_UPS_PATCH = "abort-before-follow-ups"
 # A reset, and a conversation's end, upsert the counters they changed at once.
 # Before this patch they waited for the interval's next turn boundary, which
@@ -247,6 +248,7 @@ class AgentWorkflow:
         self._counters_clock_read = False  # this run's first search-attribute sync came
         self._strict_input_error: str | None = None  # refused only by runs with the patch
         self._huge_input_error: str | None = None  # likewise (START_INPUT_SAFE_INTEGERS_PATCH)
+        self._retried_carry_error: str | None = None  # likewise (CARRY_NOT_RETRIED_PATCH)
         session_input = self._parse_start_input(args)
         carry = session_input.carry or SessionCarry()
         self._stream = EventStream(carry.stream, carry.closed_publishers)
@@ -301,6 +303,16 @@ class AgentWorkflow:
                     "`carry` is internal (it hands a conversation to its next run when it "
                     "continues as new): remove it from the start input."
                 )
+            if session_input.carry is not None:
+                # A retry, started with the input of the run it retries: a
+                # client's carry when that was the first run (a security
+                # audit: another conversation's stored context sent to the
+                # model, counters and budgets rewritten).
+                self._retried_carry_error = (
+                    f"`carry` is internal: a retried run (attempt {info.attempt}) cannot tell a carry "
+                    "its conversation wrote from one a client sent, so it takes none: start "
+                    "AgentWorkflow without a workflow retry policy."
+                )
             return session_input
         except ValidationError as err:
             self._input_error = validation_text("The start input is invalid", err)
@@ -322,14 +334,24 @@ class AgentWorkflow:
         if self._input_error:
             session.closing = True
             raise refusal(self._input_error)
-        refused = (self._strict_input_error if self._versions.has(STRICT_START_INPUT_PATCH) else None) or (
-            self._huge_input_error if self._versions.has(START_INPUT_SAFE_INTEGERS_PATCH) else None
+        refused = (
+            (self._strict_input_error if self._versions.has(STRICT_START_INPUT_PATCH) else None)
+            or (self._huge_input_error if self._versions.has(START_INPUT_SAFE_INTEGERS_PATCH) else None)
+            # Asked only of a retried run with a carry: no other run records it.
+            or (
+                self._retried_carry_error
+                if self._retried_carry_error and self._versions.has(CARRY_NOT_RETRIED_PATCH)
+                else None
+            )
         )
         if refused:
-            session.closing = True
             # None of the refused input was taken: `state` said `"maxTurns": 1`
-            # of a refused `"maxTurns": true` (read leniently before the check).
+            # of a refused `"maxTurns": true` (read leniently before the check),
+            # and a refused carry's counters and transcript would show too.
+            if self._retried_carry_error:
+                session = self._session = Session(SessionSettings(), [], SessionCarry(), self._now_ms)
             session.settings = SessionSettings()
+            session.closing = True
             raise refusal(refused)
         await self._record_worker_defaults()
         recorded = session.track_subscribers
