@@ -14,6 +14,7 @@ import ast
 import asyncio
 import contextlib
 import heapq
+import json
 import math
 import operator
 import os
@@ -389,6 +390,16 @@ async def list_files(args: ListFilesArgs) -> str:
     return await asyncio.to_thread(_list_files, path, args.path)
 
 
+def _shown_name(name: str) -> str:
+    """A name as one line of the listing: quoted as a JSON string when it
+    holds a control character, or starts as a quoted name or a note does
+    (a file named ``new\nline.txt`` was listed as two files, a security
+    audit)."""
+    if name.startswith(('"', "[")) or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return json.dumps(name, ensure_ascii=False)
+    return name
+
+
 def _list_files(path: Path, asked: str) -> str:
     """Directories first, then files, by name; hidden entries left out; at
     most ``MAX_LIST_ENTRIES`` shown, with a line saying how many were not."""
@@ -408,7 +419,7 @@ def _list_files(path: Path, asked: str) -> str:
                 is_dir = False
             entries.append((not is_dir, entry.name))
     shown = heapq.nsmallest(MAX_LIST_ENTRIES, entries)
-    lines = [name if is_file else f"{name}/" for is_file, name in shown]
+    lines = [_shown_name(name) if is_file else f"{_shown_name(name)}/" for is_file, name in shown]
     left_out = len(entries) - len(shown)
     if not looked_at_all:
         lines.append(

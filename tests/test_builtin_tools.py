@@ -365,6 +365,27 @@ def crowded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+async def test_a_name_that_could_read_as_other_lines_is_quoted(tmp_path: Path) -> None:
+    """A file named `new\nline.txt` was listed as two files, `new` and
+    `line.txt` (a security audit): such names are JSON strings, one line each."""
+    for name in ("new\nline.txt", "[9 more entries not shown]", '"quoted"', "plain.txt"):
+        (tmp_path / name).touch()
+    (tmp_path / "tab\tdir").mkdir()
+    builtin_tools.set_workspace(tmp_path)
+    try:
+        listing = (await list_files(ListFilesArgs())).splitlines()
+    finally:
+        builtin_tools.set_workspace(Path.cwd())
+
+    assert listing == [
+        '"tab\\tdir"/',
+        '"\\"quoted\\""',
+        '"[9 more entries not shown]"',
+        '"new\\nline.txt"',
+        "plain.txt",
+    ]
+
+
 async def test_list_files_shows_directories_first_and_says_how_many_were_left_out(crowded: Path) -> None:
     builtin_tools.set_workspace(crowded)
     try:
