@@ -4,8 +4,10 @@ scheduled them: same results, no activity task on the server."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,3 +71,80 @@ async def test_a_local_tool_failing_as_an_activity_is_the_calls_error_not_the_co
     [failed] = [m for m in result.messages if m.role == "toolResult"]
     assert failed.is_error and "the runner broke" in failed.content[0].text
     assert result.messages[-1].text == "done"
+
+
+async def test_a_local_tool_reporting_progress_runs_once_when_the_run_continues_as_new(
+    stack: Stack, worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The run continued as new in the workflow task its local tool ended
+    in; the tool's last progress, still arriving, made the server refuse
+    the switch (UnhandledCommand), the task's local result went with it,
+    and the tool ran again, sending more: round and round for minutes,
+    every update refused (a crash audit). The result is saved first."""
+    from client import Conversation, start_conversation
+    from worker import build_worker
+
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv("AGENT_TEST_LEDGER", str(ledger))
+    queue = f"local-switch-{uuid.uuid4().hex[:6]}"
+    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"slow"}))
+    stack.script({"tool_calls": [call("p1", "slow", seconds=0.5, steps=2)]}, {"text": "done"})
+    async with build_worker(stack.client, settings):
+        handle = await start_conversation(
+            stack.client,
+            f"local-switch-{uuid.uuid4().hex[:8]}",
+            {"model": stack.model, "prompt": "go", "continueAsNewAfterTurns": 1},
+            task_queue=queue,
+        )
+        conversation = Conversation.attach(stack.client, handle.id)
+        for _ in range(100):  # as a user polls `state` (an update in flight changes the timing)
+            await asyncio.sleep(0.2)
+            state = await conversation.state()
+            if state.status == "idle" and state.runs == 1:
+                break
+        first = stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+        history = await first.fetch_history()
+        await conversation.close()
+
+    assert (state.status, state.runs, state.error_message) == ("idle", 1, None)
+    assert len(ledger.read_text().splitlines()) == 1, "the local tool ran once"
+    failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+    assert failed == [], failed
+    assert any(
+        e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW for e in history.events
+    )
+
+
+async def test_an_abort_cancels_a_running_local_tool_within_a_workflow_task_heartbeat(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """A local tool runs inside a workflow task, which the worker keeps
+    alive with heartbeats (a new task every few seconds): an abort is taken
+    at the next one, and the tool is cancelled as an activity is."""
+    from client import Conversation, start_conversation
+    from tests.support.stack import EventLog
+    from worker import build_worker
+
+    queue = f"local-abort-{uuid.uuid4().hex[:6]}"
+    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"slow"}))
+    stack.script({"tool_calls": [call("a1", "slow", seconds=30, steps=30)]}, {"text": "never"})
+    async with build_worker(stack.client, settings):
+        handle = await start_conversation(
+            stack.client,
+            f"local-abort-{uuid.uuid4().hex[:8]}",
+            {"model": stack.model, "prompt": "go"},
+            task_queue=queue,
+        )
+        log = EventLog(stack.client, handle.id)
+        await log.wait_for_type("tool_execution_start")
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await handle.signal("abort")
+        events = await asyncio.wait_for(log.wait_for_type("agent_end"), 20)
+        took = loop.time() - sent
+        log.close()
+        await Conversation.attach(stack.client, handle.id).close()
+
+    end = next(e for e in events if e["type"] == "tool_execution_end")
+    assert end["isError"] and end["result"]["content"][0]["text"] == "Tool execution aborted"
+    assert took < 15, f"the abort waited {took:.1f} s"  # the tool alone takes 30 s

@@ -67,7 +67,13 @@ RECORDED_MARKERS = {
 }
 """What each combined marker stood for when runs recorded it (histories in
 tests/histories/v4..v17): fixed for good, whatever later versions add."""
-LATER = {"approval-without-reason", "hooks-see-batch-start", "abort-before-follow-ups", "carry-not-retried"}
+LATER = {
+    "approval-without-reason",
+    "hooks-see-batch-start",
+    "abort-before-follow-ups",
+    "carry-not-retried",
+    "save-local-results-before-switch",
+}
 EVERY_PATCH = L | LATER
 
 

@@ -388,6 +388,7 @@ class AgentWorkflow:
                 self._idle_switch_refused = True  # a conversation from before idle switches
         self._update_details(counters_now=True)
         await self._calls.aborted_calls_ended()
+        await self._calls.local_results_saved()
         # Release waiting stream subscribers (they drain the rest by query),
         # else their open polls would keep the conversation from completing.
         self._stream.detach_pollers()
@@ -742,6 +743,7 @@ class AgentWorkflow:
         # Not switching yet while an aborted call ends (up to a heartbeat):
         # a wait_for_idle caller told to ask again then would ask in a loop.
         await self._calls.aborted_calls_ended()
+        await self._calls.local_results_saved()
         self._switching = True  # wait_for_idle callers are told to ask again
         stream, session = self._stream, self._session
         stream.detach_pollers()

@@ -56,6 +56,7 @@ MAX_TOOL_ACTIVITIES_AT_ONCE = 200
 # all scheduled at once.
 MAX_TOOL_ARGUMENT_BYTES_AT_ONCE = 1_000_000
 TOOL_ARGUMENT_BYTES_PATCH = "tool-argument-bytes"
+SAVE_LOCAL_RESULTS_PATCH = "save-local-results-before-switch"
 # Activity ids above ~1,000 bytes are refused; long tool-call ids are cut
 # and made unique by a digest.
 MAX_ID_CHARS = 200
@@ -110,6 +111,7 @@ class ActivityCalls:
         # event batches, for its retries), held until it ends.
         self._granted: list[tuple[workflow.ActivityHandle[Any], int]] = []
         self.on_change: Callable[[], None] = lambda: None
+        self._local_results_unsaved = False  # a local tool ended since the last model call began
 
     @property
     def streaming(self) -> bool:
@@ -134,6 +136,20 @@ class ActivityCalls:
         if calls:
             await workflow.wait_condition(lambda: all(call.done() for call in calls))
             await asyncio.gather(*calls, return_exceptions=True)  # their cancellations, read
+
+    async def local_results_saved(self) -> None:
+        """Before continuing as new or completing: when a local tool has
+        ended since the last model call began (maybe in this workflow task),
+        end the task first (a 1 ms timer), so the tools' results are in the
+        history. Progress a local tool sent still arriving made the server
+        refuse the switch (UnhandledCommand); the task's local results went
+        with it, the tools ran again and sent more, and a conversation went
+        round like that for minutes, refusing every update (a crash audit)."""
+        if not self._local_results_unsaved:
+            return
+        self._local_results_unsaved = False
+        if self._versions.has(SAVE_LOCAL_RESULTS_PATCH):
+            await workflow.sleep(timedelta(milliseconds=1), summary="the local tools' results saved")
 
     # --- the session's defaults -------------------------------------------------------
 
@@ -198,6 +214,7 @@ class ActivityCalls:
             self._instant_abort = self._versions.has(INSTANT_ABORT_PATCH)
             # ... and the call, cancelled, is waited for before the run switches.
             awaited = self._instant_abort and self._versions.has(AWAIT_ABORTED_CALL_PATCH)
+            self._local_results_unsaved = False  # saved with the task that schedules the call
             self._llm = workflow.start_activity(
                 LLM_ACTIVITY,
                 request,
@@ -370,6 +387,8 @@ class ActivityCalls:
             return error_outcome(ABORTED_TEXT if aborted else _tool_failure_text(err))
         finally:
             self._tools.pop(call.id, None)
+            if tool.local:
+                self._local_results_unsaved = True
             self.on_change()
         for event in outcome.events:
             self._stream.publish(event)
