@@ -372,12 +372,20 @@ class Conversation:
                 aborted = (
                     err.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task" in str(err).lower()
                 )
+                # Sent as the run continues as new or completes: the next run
+                # takes it (this reached the caller as a raw RPCError, a crash audit).
+                closing = err.status == RPCStatusCode.RESOURCE_EXHAUSTED and "workflow is closing" in str(err)
                 if aborted and failures >= MAX_RETRIES and _task_failing(err):
                     sentence = await self._failing_task_sentence(
                         f"cannot take `{name}` now", f" (`{name}` was not taken: send it again then)"
                     )
                     raise Refused(sentence) from err
-                if not aborted or failures >= MAX_RETRIES:
+                if closing and failures >= MAX_RETRIES:
+                    raise Refused(
+                        f"The conversation kept closing its run while `{name}` was sent ({MAX_RETRIES + 1} "
+                        f"tries): `{name}` was not taken; send it again."
+                    ) from err
+                if not (aborted or closing) or failures >= MAX_RETRIES:
                     raise
                 await asyncio.sleep(_backoff(failures))
                 failures += 1

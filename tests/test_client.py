@@ -608,6 +608,33 @@ async def test_an_update_aborted_by_a_failed_workflow_task_is_made_again(
     assert len(stack.requests()) == 1  # one run
 
 
+async def test_an_update_sent_as_the_run_closes_is_made_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server refuses an update that arrives while the run continues as
+    new or completes (RESOURCE_EXHAUSTED "workflow is closing"): it reached
+    the caller as a raw RPCError (a crash audit). The next run takes it."""
+    stack.script({"text": "once"})
+    conversation = await stack.conversation()
+    real = type(conversation.handle).execute_update
+    sent: list[str | None] = []
+
+    async def closing(self: Any, update: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("id"))
+        if len(sent) == 1:
+            raise RPCError(
+                "workflow operation can not be applied because workflow is closing",
+                RPCStatusCode.RESOURCE_EXHAUSTED,
+                b"",
+            )
+        return await real(self, update, *args, **kwargs)
+
+    monkeypatch.setattr(type(conversation.handle), "execute_update", closing)
+    messages = await conversation.prompt("hi")
+    assert texts(messages) == ["user: hi", "assistant: once"]
+    assert len(sent) == 2 and sent[0] == sent[1]  # the same update id: applied once
+
+
 async def test_an_update_refused_for_good_is_not_made_again(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
