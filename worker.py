@@ -247,6 +247,15 @@ async def run_worker(settings: Settings) -> None:
             file=sys.stderr,
             flush=True,
         )
+    if not settings.openai_api_key:
+        # Not a refusal (what a local server takes is not known here), but
+        # said now, not first at a user's run (an operator audit).
+        print(
+            "warning: OPENAI_API_KEY is not set: every model call this worker makes fails until it "
+            "is (any value for a local server such as Ollama or vLLM).",
+            file=sys.stderr,
+            flush=True,
+        )
     worker = build_worker(client, settings, search_attributes=not missing)
     # What start-up made (modules, the SDK's and pydantic's tables) lives as
     # long as the process: out of the collector's way, a full collection

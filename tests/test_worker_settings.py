@@ -855,3 +855,18 @@ async def test_the_worker_warns_of_a_key_file_others_can_read_before_it_connects
 
     assert code != 0  # no server there
     assert f"AGENT_ENCRYPTION_KEY_FILE={key_file} can be read by other users (mode 0o644)" in err
+
+
+def test_a_worker_without_an_api_key_says_so_when_it_starts(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    """It started without a word, and only a user's first run said the key
+    was missing (an operator audit). It still starts: what a local model
+    server takes is not known here."""
+    from testbed.local_stack import start_worker, stop_process
+
+    log = tmp_path / "worker.log"
+    env = {**worker_env, "OPENAI_API_KEY": "", "TEMPORAL_TASK_QUEUE": f"no-key-{uuid.uuid4().hex[:6]}"}
+    worker = start_worker(env, [], log)
+    stop_process(worker)
+    assert "warning: OPENAI_API_KEY is not set: every model call this worker makes fails" in log.read_text()
