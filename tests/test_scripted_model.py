@@ -368,6 +368,13 @@ async def test_demo_brain_calls_calculator_for_each_expression(
     assert [call.id for call in step.tool_calls] == [d.id for d in calls]
 
 
+def test_demo_brain_calls_calculator_for_a_power() -> None:
+    """The README's own example asks "And 2**10?": it was quoted back, not
+    computed (an operator audit)."""
+    step = respond({"messages": [{"role": "user", "content": "And 2**10?"}], "tools": [CALCULATOR_TOOL]})
+    assert [call.arguments for call in step.tool_calls] == [{"expression": "2**10"}]
+
+
 def test_demo_brain_reads_a_mentioned_file() -> None:
     request = {
         "messages": [{"role": "user", "content": "Summarise docs/intro.md please"}],

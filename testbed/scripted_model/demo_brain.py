@@ -16,7 +16,7 @@ from typing import Any
 from .script import ScriptStep, ScriptToolCall
 
 _EXPRESSION = re.compile(r"[\d(.][\d\s+\-*/().]*[\d)]")
-_HAS_OPERATOR = re.compile(r"[\d)]\s*[+\-*/]\s*[\d(.]")
+_HAS_OPERATOR = re.compile(r"[\d)]\s*(?:\*\*|[+\-*/])\s*[\d(.]")
 _FILE_SUFFIXES = (".py", ".md", ".txt", ".toml")
 _WORD_PUNCTUATION = "\"'`()[]{}<>,;:!?"
 _MAX_QUOTE = 200
