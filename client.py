@@ -900,8 +900,13 @@ class Conversation:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             if "completed" in err.message:
+                ended = await self._how_it_ended()
+                if ended.startswith("failed"):
+                    # Only a refused start fails a conversation: it has no
+                    # transcript to fork (an operator audit).
+                    raise ConversationEnded(f"Conversation {self.id} {ended}: start a new one.") from err
                 raise ConversationEnded(
-                    f"Conversation {self.id} {await self._how_it_ended()}: start a new one, or fork "
+                    f"Conversation {self.id} {ended}: start a new one, or fork "
                     f"this one (python starter.py fork {self.id} --at N)."
                 ) from err
             raise ConversationNotFound(
