@@ -902,8 +902,9 @@ class Conversation:
             if "completed" in err.message:
                 ended = await self._how_it_ended()
                 if ended.startswith("failed"):
-                    # Only a refused start fails a conversation: it has no
-                    # transcript to fork (an operator audit).
+                    # Only a refused start input fails a conversation (or a
+                    # retried run's carry, refused and emptied): no transcript
+                    # to fork (an operator audit).
                     raise ConversationEnded(f"Conversation {self.id} {ended}: start a new one.") from err
                 raise ConversationEnded(
                     f"Conversation {self.id} {ended}: start a new one, or fork "

@@ -72,7 +72,8 @@ DECODE_AT_ONCE = 16
 # and holds that until its answer is sent. Bounded per request only, 16
 # requests of 80 KB, each a zlib payload of 60 MiB, took the server to 3.1
 # GB (an audit). A turn ends when the answer has been written, or after
-# HEAVY_TURN_SECONDS for a client that does not read it.
+# HEAVY_TURN_SECONDS, when the connection is closed (a client that does not
+# read its answer).
 HEAVY_AT_ONCE = 2
 HEAVY_TURN_SECONDS = 60.0
 
@@ -137,7 +138,7 @@ async def _codec(request: web.Request) -> web.Response:
     budget = request.app[_SETTINGS].max_decompressed_bytes
     if all(p.metadata.get("encoding") == b"json/plain" for p in payloads):  # as sent: nothing grows
         return _answer(await _decode_all(converter, payloads, budget))
-    turn = await _Turn.take(request.app[_HEAVY])
+    turn = await _Turn.take(request.app[_HEAVY], request)
     try:
         answer = _answer(await _decode_all(converter, payloads, budget), turn)
     except BaseException:
@@ -157,16 +158,31 @@ def _answer(payloads: Sequence[Payload], turn: _Turn | None = None) -> web.Respo
 
 class _Turn:
     """A heavy request's turn (``HEAVY_AT_ONCE``): ended once, when its
-    answer is written or after ``HEAVY_TURN_SECONDS``, whichever is first."""
+    answer is written or after ``HEAVY_TURN_SECONDS``, whichever is first;
+    at that deadline the connection is closed, so an answer a client does
+    not read is dropped with it rather than held while the next turn
+    decodes another (a review)."""
 
-    def __init__(self, gate: asyncio.Semaphore) -> None:
+    def __init__(self, gate: asyncio.Semaphore, request: web.Request) -> None:
         self._gate: asyncio.Semaphore | None = gate
-        self._timer = asyncio.get_running_loop().call_later(HEAVY_TURN_SECONDS, self.end)
+        self._request = request
+        self._timer = asyncio.get_running_loop().call_later(HEAVY_TURN_SECONDS, self._expire)
 
     @classmethod
-    async def take(cls, gate: asyncio.Semaphore) -> _Turn:
+    async def take(cls, gate: asyncio.Semaphore, request: web.Request) -> _Turn:
         await gate.acquire()
-        return cls(gate)
+        return cls(gate, request)
+
+    def _expire(self) -> None:
+        if self._gate is not None:
+            log.warning(
+                "%s %s: its turn ran out; the connection is closed",
+                self._request.method,
+                self._request.raw_path,
+            )
+            if self._request.transport is not None:
+                self._request.transport.close()
+            self.end()
 
     def end(self) -> None:
         if self._gate is not None:

@@ -19,6 +19,7 @@ import math
 import operator
 import os
 import stat
+import unicodedata
 from pathlib import Path
 from typing import IO, Any
 
@@ -390,13 +391,25 @@ async def list_files(args: ListFilesArgs) -> str:
     return await asyncio.to_thread(_list_files, path, args.path)
 
 
+EMPTY_LISTING = "(empty directory)"
+_LINE_BREAKING = ("Cc", "Zl", "Zp")
+
+
 def _shown_name(name: str) -> str:
     """A name as one line of the listing: quoted as a JSON string when it
     holds a control character, or starts as a quoted name or a note does
     (a file named ``new\nline.txt`` was listed as two files, a security
     audit)."""
-    if name.startswith(('"', "[")) or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return json.dumps(name, ensure_ascii=False)
+    if (
+        name.startswith(('"', "["))
+        or name == EMPTY_LISTING
+        # C0 and C1 controls, and the line and paragraph separators
+        # (U+2028, U+2029): where str.splitlines() ends a line too (a review).
+        or any(unicodedata.category(c) in _LINE_BREAKING for c in name)
+    ):
+        # JSON leaves C1 controls and the separators as they are: escaped here.
+        quoted = json.dumps(name, ensure_ascii=False)
+        return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _LINE_BREAKING else c for c in quoted)
     return name
 
 
@@ -428,4 +441,4 @@ def _list_files(path: Path, asked: str) -> str:
         )
     elif left_out:
         lines.append(f"[{left_out:,} more entries not shown: list a subdirectory instead.]")
-    return "\n".join(lines) or "(empty directory)"
+    return "\n".join(lines) or EMPTY_LISTING

@@ -368,7 +368,15 @@ def crowded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_a_name_that_could_read_as_other_lines_is_quoted(tmp_path: Path) -> None:
     """A file named `new\nline.txt` was listed as two files, `new` and
     `line.txt` (a security audit): such names are JSON strings, one line each."""
-    for name in ("new\nline.txt", "[9 more entries not shown]", '"quoted"', "plain.txt"):
+    for name in (
+        "new\nline.txt",
+        "[9 more entries not shown]",
+        '"quoted"',
+        "plain.txt",
+        "sep\u2028arated",
+        "nel\x85here",
+        "(empty directory)",
+    ):
         (tmp_path / name).touch()
     (tmp_path / "tab\tdir").mkdir()
     builtin_tools.set_workspace(tmp_path)
@@ -380,9 +388,12 @@ async def test_a_name_that_could_read_as_other_lines_is_quoted(tmp_path: Path) -
     assert listing == [
         '"tab\\tdir"/',
         '"\\"quoted\\""',
+        '"(empty directory)"',
         '"[9 more entries not shown]"',
+        '"nel\\u0085here"',
         '"new\\nline.txt"',
         "plain.txt",
+        '"sep\\u2028arated"',
     ]
 
 

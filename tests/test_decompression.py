@@ -235,6 +235,25 @@ async def test_plain_payloads_do_not_wait_for_the_heavy_requests_turns() -> None
     assert status == 200 and json.loads(text)["payloads"][0]["data"] == base64.b64encode(b'"big"').decode()
 
 
+async def test_a_turn_that_runs_out_closes_its_connection_and_lets_the_next_in() -> None:
+    """A client that never read its answer kept the decoded payloads in
+    memory while the turn's deadline let the next request decode more (a
+    review): at the deadline the connection is closed, then the turn ends."""
+    from types import SimpleNamespace
+
+    closed: list[bool] = []
+    gate = asyncio.Semaphore(1)
+    request = SimpleNamespace(
+        method="POST", raw_path="/decode", transport=SimpleNamespace(close=lambda: closed.append(True))
+    )
+    turn = await codec_server._Turn.take(gate, request)  # type: ignore[arg-type]
+    assert gate.locked()
+    turn._expire()
+    assert closed == [True] and not gate.locked()
+    turn.end()  # the answer's own end afterwards releases nothing twice
+    assert not gate.locked() and gate._value == 1
+
+
 def _plain(data: bytes) -> bytes:
     return Payload(metadata={"encoding": b"json/plain"}, data=data).SerializeToString()
 

@@ -148,3 +148,67 @@ async def test_an_abort_cancels_a_running_local_tool_within_a_workflow_task_hear
     end = next(e for e in events if e["type"] == "tool_execution_end")
     assert end["isError"] and end["result"]["content"][0]["text"] == "Tool execution aborted"
     assert took < 15, f"the abort waited {took:.1f} s"  # the tool alone takes 30 s
+
+
+async def test_the_local_results_are_saved_before_a_switch_that_calls_waiting_for_approval_make(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """A batch of a local tool and two calls waiting for approval, the
+    switch due in the batch: both waiting calls woke for the switch when
+    the local tool ended; the first waited for the result to be saved, the
+    second went ahead and continued as new in the same workflow task (a
+    review). The local result is in a task of its own before the switch."""
+    from client import Conversation, start_conversation
+    from worker import build_worker
+
+    queue = f"local-waiters-{uuid.uuid4().hex[:6]}"
+    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"echo"}))
+    stack.script(
+        {
+            "tool_calls": [
+                call("g1", "guarded_echo", text="yes"),
+                call("g2", "guarded_echo", text="no"),
+                call("e1", "echo", text="free"),
+            ]
+        },
+        {"text": "done"},
+    )
+    async with build_worker(stack.client, settings):
+        handle = await start_conversation(
+            stack.client,
+            f"local-waiters-{uuid.uuid4().hex[:8]}",
+            {"model": stack.model, "prompt": "go", "continueAsNewAfterTurns": 1},
+            task_queue=queue,
+        )
+        for _ in range(100):
+            runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+            if len(runs) > 1:
+                break
+            await asyncio.sleep(0.1)
+        first = stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+        history = await first.fetch_history()
+        await Conversation.attach(stack.client, handle.id).close()
+        # Ended before the worker stops: evicted mid-wait, its coroutines were
+        # closed outside the workflow's event loop (warnings, nothing else).
+        await asyncio.wait_for(stack.client.get_workflow_handle(handle.id).result(), 20)
+
+    events = list(history.events)
+    switched = next(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    )
+    last_task = max(
+        i
+        for i, e in enumerate(events[:switched])
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    local_results = [
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+        and e.marker_recorded_event_attributes.details.get("data") is not None
+    ]
+    tool_result = local_results[-1]  # the first is the session defaults
+    assert tool_result < last_task, "the local result and the switch in one workflow task"

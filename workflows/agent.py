@@ -264,6 +264,7 @@ class AgentWorkflow:
         self._calls = ActivityCalls(self._session, self._stream, self._now_ms, self._versions)
         self._calls.on_change = self._update_details
         self._switching = False  # continuing as new: waiting handlers let go
+        self._switch_begun = False  # _continue_as_new entered (it may wait before switching)
         self._calls_counted: tuple[AgentMessage, int] | None = None
         self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
@@ -586,10 +587,12 @@ class AgentWorkflow:
                     deadline = self._follow_approval_timeout(waiting)
                     timeout = session.settings.approval_timeout_seconds
                     continue
-                if self._switching:
+                if self._switching or self._switch_begun:
                     # Every waiting call woke for the switch at once; the first
                     # one carries the batch over (building the carry once per
-                    # waiting call outlasted the deadlock check at ~600).
+                    # waiting call outlasted the deadlock check at ~600). It
+                    # may still be waiting for the local tools' results to be
+                    # saved: another entering then skipped that (a review).
                     await workflow.wait_condition(lambda: False)
                 await self._continue_as_new()  # never returns
         except TimeoutError:
@@ -740,6 +743,7 @@ class AgentWorkflow:
         read to its end (a long tool batch, then the idle switch at once),
         as many as at a turn boundary, so it reads on without a gap. Only
         the next run's input differs, not a command: no patch."""
+        self._switch_begun = True
         # Not switching yet while an aborted call ends (up to a heartbeat):
         # a wait_for_idle caller told to ask again then would ask in a loop.
         await self._calls.aborted_calls_ended()

@@ -434,10 +434,12 @@ class ActivityCalls:
 # --- helpers ----------------------------------------------------------------------------
 
 
-MAX_RAW_ARGUMENT_BYTES = 16_000
+MAX_RAW_ARGUMENT_BYTES = 2_000
 """The arguments as the model sent them travel with a call whose
-preparation changed them only up to this size (they would double a large
-call's input); past it ``tool_execution_update`` shows the prepared ones."""
+preparation changed them only up to this size; past it
+``tool_execution_update`` shows the prepared ones. Not counted in
+``MAX_TOOL_ARGUMENT_BYTES_AT_ONCE`` (which replayed runs decided by): 200
+calls at once add at most 400 KB to the 4 MB a workflow task may send."""
 
 
 def _raw_arguments(prepared: PreparedToolCall) -> dict[str, Any] | None:
