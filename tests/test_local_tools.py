@@ -5,13 +5,16 @@ scheduled them: same results, no activity task on the server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
 from temporalio.common import RetryPolicy
 
 import tests.support.tools  # noqa: F401  (registers the test tools in this process)
@@ -23,6 +26,26 @@ from tests.support.stack import Stack, finished_on_own_worker
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
     return {"id": call_id, "name": name, "arguments": arguments}
+
+
+@contextlib.asynccontextmanager
+async def local_conversation(
+    stack: Stack, worker_env: dict[str, str], tools: set[str], name: str, **start: Any
+) -> AsyncIterator[WorkflowHandle[Any, Any]]:
+    """A conversation prompted "go" (``start``: more of its input) on a
+    worker of its own, which runs ``tools`` as local activities."""
+    from client import start_conversation
+    from worker import build_worker
+
+    queue = f"{name}-{uuid.uuid4().hex[:6]}"
+    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset(tools))
+    async with build_worker(stack.client, settings):
+        yield await start_conversation(
+            stack.client,
+            f"{name}-{uuid.uuid4().hex[:8]}",
+            {"model": stack.model, "prompt": "go", **start},
+            task_queue=queue,
+        )
 
 
 async def test_local_tools_run_in_the_workflow_task(stack: Stack, worker_env: dict[str, str]) -> None:
@@ -81,21 +104,14 @@ async def test_a_local_tool_reporting_progress_runs_once_when_the_run_continues_
     the switch (UnhandledCommand), the task's local result went with it,
     and the tool ran again, sending more: round and round for minutes,
     every update refused (a crash audit). The result is saved first."""
-    from client import Conversation, start_conversation
-    from worker import build_worker
+    from client import Conversation
 
     ledger = tmp_path / "ledger"
     monkeypatch.setenv("AGENT_TEST_LEDGER", str(ledger))
-    queue = f"local-switch-{uuid.uuid4().hex[:6]}"
-    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"slow"}))
     stack.script({"tool_calls": [call("p1", "slow", seconds=0.5, steps=2)]}, {"text": "done"})
-    async with build_worker(stack.client, settings):
-        handle = await start_conversation(
-            stack.client,
-            f"local-switch-{uuid.uuid4().hex[:8]}",
-            {"model": stack.model, "prompt": "go", "continueAsNewAfterTurns": 1},
-            task_queue=queue,
-        )
+    async with local_conversation(
+        stack, worker_env, {"slow"}, "local-switch", continueAsNewAfterTurns=1
+    ) as handle:
         conversation = Conversation.attach(stack.client, handle.id)
         for _ in range(100):  # as a user polls `state` (an update in flight changes the timing)
             await asyncio.sleep(0.2)
@@ -121,20 +137,11 @@ async def test_an_abort_cancels_a_running_local_tool_within_a_workflow_task_hear
     """A local tool runs inside a workflow task, which the worker keeps
     alive with heartbeats (a new task every few seconds): an abort is taken
     at the next one, and the tool is cancelled as an activity is."""
-    from client import Conversation, start_conversation
+    from client import Conversation
     from tests.support.stack import EventLog
-    from worker import build_worker
 
-    queue = f"local-abort-{uuid.uuid4().hex[:6]}"
-    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"slow"}))
     stack.script({"tool_calls": [call("a1", "slow", seconds=30, steps=30)]}, {"text": "never"})
-    async with build_worker(stack.client, settings):
-        handle = await start_conversation(
-            stack.client,
-            f"local-abort-{uuid.uuid4().hex[:8]}",
-            {"model": stack.model, "prompt": "go"},
-            task_queue=queue,
-        )
+    async with local_conversation(stack, worker_env, {"slow"}, "local-abort") as handle:
         log = EventLog(stack.client, handle.id)
         await log.wait_for_type("tool_execution_start")
         loop = asyncio.get_running_loop()
@@ -158,11 +165,8 @@ async def test_the_local_results_are_saved_before_a_switch_that_calls_waiting_fo
     the local tool ended; the first waited for the result to be saved, the
     second went ahead and continued as new in the same workflow task (a
     review). The local result is in a task of its own before the switch."""
-    from client import Conversation, start_conversation
-    from worker import build_worker
+    from client import Conversation
 
-    queue = f"local-waiters-{uuid.uuid4().hex[:6]}"
-    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"echo"}))
     stack.script(
         {
             "tool_calls": [
@@ -173,13 +177,9 @@ async def test_the_local_results_are_saved_before_a_switch_that_calls_waiting_fo
         },
         {"text": "done"},
     )
-    async with build_worker(stack.client, settings):
-        handle = await start_conversation(
-            stack.client,
-            f"local-waiters-{uuid.uuid4().hex[:8]}",
-            {"model": stack.model, "prompt": "go", "continueAsNewAfterTurns": 1},
-            task_queue=queue,
-        )
+    async with local_conversation(
+        stack, worker_env, {"echo"}, "local-waiters", continueAsNewAfterTurns=1
+    ) as handle:
         for _ in range(100):
             runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{handle.id}'")]
             if len(runs) > 1:
