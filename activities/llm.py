@@ -35,10 +35,11 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from activities.context_store import ContextMissing, ContextStore, Manifest
 from activities.events import ActivityEventPublisher, attempt_budget
 from activities.heartbeat import heartbeating
-from activities.model_http import ChatPoster, Chunks
+from activities.model_http import ChatPoster, Chunks, NotAnEventStream
 from activities.openai_chat import (
     ConversionMemo,
     StreamAssembler,
+    StreamEndedEarly,
     completion_as_chunk,
     default_convert_to_llm,
     reasoning_effort,
@@ -295,36 +296,46 @@ async def _stream(
     first_delta = True
     chunks: AsyncIterable[Any] = stream
     if stream.response.headers.get("content-type", "").startswith("application/json"):
-        chunks = _whole_answer(stream)  # a server that does not stream (or cannot, this once)
-    async for chunk in chunks:
-        was_started = assembler.started
-        deltas = assembler.feed(chunk)
-        if not was_started:
-            events.publish(
-                MessageStartEvent(
-                    message={
-                        "role": "assistant",
-                        "content": [],
-                        "model": params["model"],
-                        "timestamp": assembler.timestamp,
-                    },
-                    attempt=attempt,
-                ),
-                flush=True,
-            )
-        for delta in deltas:
-            # The first token goes out at once; the rest in batches.
-            events.publish_delta(delta, flush=first_delta)
-            first_delta = False
-        if assembler.too_many_calls:
-            await stream.close()  # the answer is refused: stop the model writing more of it
-            return
+        chunks = _whole_answer(stream, assembler)  # a server that does not stream (or cannot, this once)
+    try:
+        async for chunk in chunks:
+            was_started = assembler.started
+            deltas = assembler.feed(chunk)
+            if not was_started and assembler.started:
+                events.publish(
+                    MessageStartEvent(
+                        message={
+                            "role": "assistant",
+                            "content": [],
+                            "model": params["model"],
+                            "timestamp": assembler.timestamp,
+                        },
+                        attempt=attempt,
+                    ),
+                    flush=True,
+                )
+            for delta in deltas:
+                # The first token goes out at once; the rest in batches.
+                events.publish_delta(delta, flush=first_delta)
+                first_delta = False
+            if assembler.too_many_calls:
+                await stream.close()  # the answer is refused: stop the model writing more of it
+                return
+    except openai.APITimeoutError:
+        if not assembler.finished:
+            raise
+        # The server said why it stopped, then held the connection open
+        # without `[DONE]`: the answer is whole.
+        await stream.close()
+    if getattr(stream, "done", False):
+        assembler.done = True
 
 
-async def _whole_answer(stream: Chunks) -> AsyncIterator[dict[str, Any]]:
+async def _whole_answer(stream: Chunks, assembler: StreamAssembler) -> AsyncIterator[dict[str, Any]]:
     """A completion the server sent whole (``application/json``, not a
-    stream) as the one chunk it amounts to; an ``error`` it holds raised
-    as the stream's would be."""
+    stream) as the one chunk it amounts to (``assembler.done``: whole, with
+    or without a finish reason); an ``error`` it holds raised as the
+    stream's would be."""
     response = stream.response
     raw = await response.aread()
     try:
@@ -333,7 +344,10 @@ async def _whole_answer(stream: Chunks) -> AsyncIterator[dict[str, Any]]:
         # An event stream labelled as JSON (some proxies and servers): read as one.
         for line in raw.decode("utf-8", "replace").splitlines():
             data = line[5:].strip() if line.startswith("data:") else ""
-            if data and not data.startswith("[DONE]"):
+            if data.startswith("[DONE]"):
+                assembler.done = True
+                return
+            if data:
                 chunk = json.loads(data)
                 if isinstance(chunk, dict) and chunk.get("error"):
                     raise _error_event(chunk["error"], response) from None
@@ -344,6 +358,7 @@ async def _whole_answer(stream: Chunks) -> AsyncIterator[dict[str, Any]]:
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         keys = ", ".join(map(str, body)) if isinstance(body, dict) else type(body).__name__
         raise ValueError(f"the server answered JSON that is no chat completion ({keys[:200]})")
+    assembler.done = True
     yield completion_as_chunk(body)
 
 
@@ -390,6 +405,9 @@ def _classify(
     if isinstance(err, openai.APIStatusError):
         status = err.status_code
         text = _clip(scrub(f"The model server answered {status}: {_error_detail(err)}", secrets))
+        if status == 429 and "insufficient_quota" in (err.code, err.type):
+            # OpenAI's "You exceeded your current quota": no retry pays it.
+            return ApplicationError(text, type=f"ModelHttp{status}", non_retryable=True)
         if status in RETRYABLE_STATUS or status >= 500:
             return ApplicationError(
                 text,
@@ -409,8 +427,15 @@ def _classify(
         return ApplicationError(
             scrub(f"Could not reach the model server: {_reason_of(err)}", secrets), type="ModelUnreachable"
         )
+    if isinstance(err, NotAnEventStream):
+        return ApplicationError(
+            _clip(scrub(f"The model server's answer is no event stream: {err.message}", secrets)),
+            type="ModelStreamError",
+        )
     if isinstance(err, openai.APIError):
-        return _stream_error(err, secrets)
+        return _stream_error(err, secrets, streaming=streaming)
+    if isinstance(err, StreamEndedEarly):
+        return ApplicationError(f"The model's stream broke: {err}", type="ModelStreamBroken")
     # Anything else broke the stream mid-way (a dropped connection, a chunk
     # that is not JSON): the next attempt starts over.
     return ApplicationError(
@@ -464,21 +489,30 @@ def _clip(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _stream_error(err: openai.APIError, secrets: Sequence[str | None]) -> ApplicationError:
+def _stream_error(
+    err: openai.APIError, secrets: Sequence[str | None], *, streaming: bool = True
+) -> ApplicationError:
     """An error the server sent as an event of the stream (vLLM, OpenRouter:
-    ``data: {"error": {...}}``): permanent when its code is a client error
-    (not 408, 409 or 429) or it says the context is too long, as the same
-    answer from the HTTP status would be."""
+    ``data: {"error": {...}}``), or as its whole answer: permanent when its
+    code is a client error (not 408, 409 or 429) or it says the context is
+    too long, as the same answer from the HTTP status would be."""
     body = err.body if isinstance(err.body, dict) else {}
     code = body.get("code", body.get("status"))
     status = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
-    said = _said(body) or err.message
+    said = _said(body) or _said(err.body) or err.message
     lowered = f"{code} {body.get('type')} {said}".lower()
     permanent = (status is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS) or any(
         words in lowered for words in _PERMANENT_WORDS
     )
     return ApplicationError(
-        _clip(scrub(f"The model server sent an error mid-answer: {said}", secrets)),
+        _clip(
+            scrub(
+                f"The model server sent an error mid-answer: {said}"
+                if streaming
+                else f"The model server answered with an error: {said}",
+                secrets,
+            )
+        ),
         type="ModelStreamError",
         non_retryable=permanent,
     )

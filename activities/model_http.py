@@ -226,17 +226,30 @@ def _direct_possible(client: openai.AsyncOpenAI) -> bool:
     return client.custom_auth is None and not getattr(client, "_idempotency_header", None)
 
 
+class NotAnEventStream(openai.APIError):
+    """The server answered 200 with a body that holds no event of a stream
+    (an error as plain JSON or text, a wrong endpoint's page): its text is
+    the message."""
+
+
 class ChunkStream:
     """The chunks of an event stream, decoded as openai's ``AsyncStream``
     decodes them: lines end at CR, LF or CRLF, ``:`` starts a comment, an
     event's ``data:`` lines are joined with newlines and parsed as JSON when
     a blank line ends it, ``[DONE]`` ends the stream (the rest of the body is
-    drained so the connection can be reused), a chunk holding ``error``
-    raises ``openai.APIError``; a timeout or a broken connection while
-    reading raises ``APITimeoutError`` or ``APIConnectionError``."""
+    drained so the connection can be reused; ``done`` says it came), a
+    chunk holding ``error`` raises ``openai.APIError``; a timeout or a
+    broken connection while reading raises ``APITimeoutError`` or
+    ``APIConnectionError``.
+
+    Errors servers send otherwise raise ``openai.APIError`` too: an event
+    named ``error`` (``event: error``), an ``error:`` field (llama.cpp's
+    ``error: {...}``), and a body that is no event stream at all (a JSON
+    error without ``data:``), whose first line is the error's text."""
 
     def __init__(self, response: Any) -> None:
         self.response = response
+        self.done = False
         self._iterator = self._chunks()
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -252,6 +265,10 @@ class ChunkStream:
         # The start of a line not yet ended, in pieces: a long line is not copied per block.
         rest: list[bytes] = []
         skip_lf = False  # the last block ended in CR: a LF starting the next ends nothing
+        event = b""  # the event's name (``event:``)
+        errors: list[bytes] = []  # its ``error:`` fields
+        stray = b""  # lines that are no field of an event stream (the first 2,000 bytes)
+        yielded = False
         try:
             async for block in blocks:
                 if not block:
@@ -279,18 +296,45 @@ class ChunkStream:
                             data.append(value[1:] if value.startswith(b" ") else value)
                         elif line == b"data":  # a field without a colon: its value is empty
                             data.append(b"")
-                        continue  # event, id, retry, comments and other fields: not used
+                        elif line.startswith(b"event:"):
+                            event = line[6:].strip()
+                        elif line.startswith(b"error:"):
+                            errors.append(line[6:].strip())
+                        elif len(stray) < 2000 and not line.startswith((b":", b"id:", b"retry:")):
+                            stray = (stray + b"\n" + line if stray else line)[:2000]
+                        continue  # id, retry, comments and other fields: not used
+                    if errors:
+                        raise _stream_error(_error_value(b"\n".join(errors)), response)
                     if not data:
+                        event = b""
                         continue
                     text = (b"\n".join(data) if len(data) > 1 else data[0]).decode("utf-8")
                     data = []
                     if text.startswith("[DONE]"):
+                        self.done = True
                         await _drain(response, blocks)
                         return
+                    if event == b"error":
+                        value = _error_value(text.encode())
+                        if isinstance(value, dict) and value.get("error"):
+                            value = value["error"]
+                        raise _stream_error(value, response)
+                    event = b""
                     chunk = json.loads(text)
                     if isinstance(chunk, dict) and chunk.get("error"):
                         raise _stream_error(chunk["error"], response)
+                    yielded = True
                     yield chunk
+            if errors:  # the body ended right after them
+                raise _stream_error(_error_value(b"\n".join(errors)), response)
+            if rest and not yielded and len(stray) < 2000:  # a last line without its line end
+                stray = (stray + b"\n" + b"".join(rest) if stray else b"".join(rest))[:2000]
+            if stray and not yielded:
+                value = _error_value(stray)
+                if isinstance(value, dict) and value.get("error"):
+                    raise _stream_error(value["error"], response)
+                said = " ".join(stray.decode("utf-8", "replace").split())
+                raise NotAnEventStream(said, response.request, body=None)
         except timeout_exceptions() as err:
             raise openai.APITimeoutError(request=response.request) from err
         except request_exceptions() as err:
@@ -310,9 +354,19 @@ async def _drain(response: Any, blocks: AsyncIterator[bytes]) -> None:
                 await asyncio.sleep(0)  # the deadline holds for a transport with the data at hand
 
 
+def _error_value(raw: bytes) -> Any:
+    """An error field's value: its JSON, else its text."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def _stream_error(error: Any, response: Any) -> openai.APIError:
-    """``openai.APIError`` for an ``error`` chunk, as openai's stream raises it."""
-    message = error.get("message") if isinstance(error, dict) else None
+    """``openai.APIError`` for an ``error`` chunk, as openai's stream raises
+    it; an error given as text (``{"error": "..."}``) keeps its text."""
+    message = error.get("message") if isinstance(error, dict) else error
     if not message or not isinstance(message, str):
         message = "An error occurred during streaming"
     return openai.APIError(message=message, request=response.request, body=error)

@@ -425,12 +425,21 @@ class StreamAssembler:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self.started = False
+        self.done = False
+        """The server said the answer is whole (``[DONE]``, or a completion
+        sent whole): one without a finish reason stopped, as pi maps a
+        missing reason (``[DONE]`` before any chunk is still no answer)."""
         self.too_many_calls = False
         """The answer asked for more than ``MAX_TOOL_CALLS_PER_ANSWER`` tool
         calls: the rest of the stream need not be read."""
         self.timestamp = int(time.time() * 1000)
         """When the request was made: the streamed message's time from its
         ``message_start`` on, as pi stamps it."""
+
+    @property
+    def finished(self) -> bool:
+        """The server has said why the answer stopped (its finish reason)."""
+        return self._finish_reason is not None
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """Consume one streamed chunk (its JSON, as ``ChatPoster.stream`` yields
@@ -442,6 +451,8 @@ class StreamAssembler:
         {"type": "thinking", ...}]``), arguments as a JSON object
         (llama.cpp), an id as a number; a tool call delta may come without
         ``index`` (its id, else the call it continues, tells which)."""
+        if not isinstance(chunk, dict):
+            return []  # `data: null` and the like: nothing a chunk could say
         self.started = True
         if isinstance(chunk.get("usage"), dict) and chunk["usage"]:
             self._usage = chunk["usage"]
@@ -511,7 +522,10 @@ class StreamAssembler:
         sent_id = _text_of(call.get("id"))
         name = _text_of(function.get("name"))
         index = call.get("index")
-        block_index = self._block_of(index if isinstance(index, int) else None, sent_id, name)
+        arguments = function.get("arguments")
+        block_index = self._block_of(
+            index if isinstance(index, int) else None, sent_id, name, bool(arguments)
+        )
         if block_index is None and started >= MAX_TOOL_CALLS_PER_ANSWER:
             self.too_many_calls = True
             return events
@@ -527,11 +541,13 @@ class StreamAssembler:
             )
         elif block_index != self._open_tool:
             events += self._close_tool()  # an interleaved delta: that call is open again
+        block = self._blocks[block_index]
+        if name and isinstance(block, ToolCall) and not block.name:
+            block.name = name  # a name sent after the call's id (pi takes it from any delta)
         if sent_id and block_index not in self._sent_ids:
             self._sent_ids[block_index] = sent_id  # its id, sent now or on a later delta
             self._sent_id_blocks[sent_id] = block_index  # its latest call
         self._open_tool = block_index
-        arguments = function.get("arguments")
         pieces = (
             clean_text(json.dumps(arguments, ensure_ascii=False))
             if isinstance(arguments, dict | list)
@@ -542,22 +558,24 @@ class StreamAssembler:
             events.append({"type": "toolcall_delta", "contentIndex": block_index, "delta": pieces})
         return events
 
-    def _block_of(self, index: int | None, sent_id: str, name: str) -> int | None:
+    def _block_of(self, index: int | None, sent_id: str, name: str, has_arguments: bool) -> int | None:
         """The tool call block a delta continues (None: it starts a call).
 
         By ``index``, unless the delta names another call there: another id
         (some Ollama versions number every call 0), or, without an id,
-        another function. Without ``index``: the call with its id, or, with
-        neither id nor name (a piece of arguments), the last call."""
+        another function. Without ``index``: the call with its id, or,
+        without an id, the last call (a piece of its arguments, its name
+        sent late or again: ``_continues``)."""
         if index is None:
             if sent_id:
                 known = self._sent_id_blocks.get(sent_id)
                 if known is not None and self._names_another_function(known, name):
                     return None  # a server that gives every call one id
                 return known
-            if name or not self._raw_args:
+            if not self._raw_args:
                 return None
-            return self._open_tool if self._open_tool is not None else max(self._raw_args)
+            last = self._open_tool if self._open_tool is not None else max(self._raw_args)
+            return last if not name or self._continues(last, name, has_arguments) else None
         block_index = self._tool_blocks.get(index)
         if block_index is None:
             return None
@@ -567,6 +585,27 @@ class StreamAssembler:
         if not sent_id and self._names_another_function(block_index, name):
             return None
         return block_index
+
+    def _continues(self, block_index: int, name: str, has_arguments: bool) -> bool:
+        """Whether a delta naming ``name``, without index or id, continues
+        call ``block_index``: a call with no name yet takes it; one with
+        this name continues while its arguments are not whole JSON, or when
+        the delta brings none (a server repeating the name on every delta).
+        Otherwise it starts a call: whole calls sent one per delta, some to
+        the same function."""
+        block = self._blocks[block_index]
+        if not isinstance(block, ToolCall):
+            return False
+        if not block.name:
+            return True
+        if block.name != name:
+            return False
+        if not has_arguments:
+            return True
+        try:
+            return not isinstance(json.loads(self._raw_args[block_index]), dict)
+        except ValueError:
+            return True
 
     def _names_another_function(self, block_index: int, name: str) -> bool:
         block = self._blocks[block_index]
@@ -632,7 +671,7 @@ class StreamAssembler:
         # one unknown) ends it as an error, as pi's does: its calls do not run.
         refused = not aborted and self._finish_reason not in (None, *_FINISH_REASONS)
         dropped = aborted or too_many or refused
-        if not dropped and self._finish_reason is None:
+        if not dropped and self._finish_reason is None and not (self.done and self.started):
             raise StreamEndedEarly(
                 "The model's stream ended before it finished its answer."
                 if self.started
@@ -656,8 +695,12 @@ class StreamAssembler:
             stop_reason = "length"  # tool calls cut off mid-way must not run
         elif any(isinstance(b, ToolCall) for b in content):
             stop_reason = "toolUse"
+        elif self._finish_reason in (None, "tool_calls", "function_call"):
+            # No reason but the answer whole ([DONE]), or calls announced
+            # and none sent (vLLM when its tool parser fails): pi says stop.
+            stop_reason = "stop"
         else:
-            stop_reason = _FINISH_REASONS.get(self._finish_reason or "", "error")
+            stop_reason = _FINISH_REASONS.get(self._finish_reason, "error")
         message = AssistantMessage(
             content=content,
             provider=self._provider,

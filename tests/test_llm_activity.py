@@ -19,6 +19,7 @@ from activities.openai_chat import (
     MAX_TOOL_CALLS_PER_ANSWER,
     ConversionMemo,
     StreamAssembler,
+    StreamEndedEarly,
     completion_as_chunk,
     to_openai_messages,
     usage_from_openai,
@@ -711,6 +712,82 @@ def test_calls_without_index_sharing_one_id_stay_apart() -> None:
         ("call_0_2", "g", {"b": 2}),
     ]
     assert errors == {}
+
+
+def _call(*, call_id: str | None = None, name: str | None = None, args: str | None = None) -> dict[str, Any]:
+    """A tool call delta without index."""
+    function = {k: v for k, v in (("name", name), ("arguments", args)) if v is not None}
+    return {"tool_calls": [{"function": function, **({"id": call_id} if call_id else {})}]}
+
+
+@pytest.mark.parametrize("indexed", [True, False], ids=["with index", "without index"])
+def test_a_name_sent_after_the_calls_id_names_that_call(indexed: bool) -> None:
+    """The id first, the name on the next delta (as pi reads it, from any
+    delta): the call ran as "Tool  not found", or split in two without
+    index (found by a provider audit)."""
+    assembler = StreamAssembler("m")
+    if indexed:
+        assembler.feed(_tool_chunk(0, call_id="call_a"))
+        assembler.feed(_tool_chunk(0, name="echo"))
+        assembler.feed(_tool_chunk(0, args='{"text": "hi"}'))
+    else:
+        assembler.feed(_chunk(_call(call_id="call_a", args="")))
+        assembler.feed(_chunk(_call(name="echo")))
+        assembler.feed(_chunk(_call(args='{"text": "hi"}')))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, events = assembler.finish()
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == [("call_a", "echo", {"text": "hi"})]
+    assert errors == {}
+    assert events[-1]["toolCall"]["name"] == "echo"
+
+
+def test_a_name_repeated_on_every_delta_without_index_or_id_keeps_one_call() -> None:
+    """Then a whole call of the same function after it is another call."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_chunk(_call(call_id="call_a", name="echo", args='{"te')))
+    assembler.feed(_chunk(_call(name="echo", args='xt": "hi"}')))
+    assembler.feed(_chunk(_call(name="echo")))  # the name alone, once more: nothing new
+    assembler.feed(_chunk(_call(name="echo", args='{"text": "again"}')))
+    assembler.feed(_chunk({}, "tool_calls"))
+    message, errors, _ = assembler.finish()
+    assert [(c.name, c.arguments) for c in message.tool_calls] == [
+        ("echo", {"text": "hi"}),
+        ("echo", {"text": "again"}),
+    ]
+    assert errors == {}
+
+
+def test_an_answer_the_server_calls_whole_without_a_finish_reason_stopped() -> None:
+    """`[DONE]` (or a completion sent whole) with no finish reason: pi maps
+    a missing reason to stop. It was taken for a broken stream, retried
+    five times and ended as an error (found by a provider audit)."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_chunk({"content": "hello"}))
+    with pytest.raises(StreamEndedEarly):
+        assembler.finish()  # no [DONE]: the stream broke off
+    assembler.done = True
+    message, _, _ = assembler.finish()
+    assert (message.text, message.stop_reason, message.error_message) == ("hello", "stop", None)
+    calls = StreamAssembler("m")
+    calls.feed(_tool_chunk(0, call_id="c", name="echo", args="{}"))
+    calls.done = True
+    assert calls.finish()[0].stop_reason == "toolUse"
+
+
+def test_tool_calls_announced_and_none_sent_is_a_stop() -> None:
+    """vLLM says `tool_calls` when its tool parser fails and sends text: pi ends it as stop."""
+    assembler = StreamAssembler("m")
+    assembler.feed(_chunk({"content": "<tool_call>broken"}, "tool_calls"))
+    message, _, _ = assembler.finish()
+    assert (message.stop_reason, message.tool_calls) == ("stop", [])
+
+
+def test_a_chunk_that_is_no_object_is_passed_over() -> None:
+    """`data: null` failed every attempt with an AttributeError."""
+    assembler = StreamAssembler("m")
+    assert assembler.feed(None) == [] and not assembler.started  # type: ignore[arg-type]
+    assembler.feed(_chunk({"content": "hi"}, "stop"))
+    assert assembler.finish()[0].text == "hi"
 
 
 def _transcripts() -> list[list[Any]]:

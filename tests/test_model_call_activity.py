@@ -24,7 +24,8 @@ from temporalio.testing import ActivityEnvironment
 import activities.events as events_module
 from activities import llm as llm_module
 from activities.llm import LlmActivities, _classify
-from activities.openai_chat import MAX_TOOL_CALLS_PER_ANSWER, usage_from_openai
+from activities.model_http import NotAnEventStream
+from activities.openai_chat import MAX_TOOL_CALLS_PER_ANSWER, StreamEndedEarly, usage_from_openai
 from tests.support.serving import serving
 from workflows.contract import LlmRequest
 from workflows.models import AssistantMessage, UserMessage
@@ -81,6 +82,35 @@ def test_which_status_is_retried(status: int, retried: bool) -> None:
     failure = _classify(_status_error(status, {"error": {"message": "x"}}))
     assert failure.type == f"ModelHttp{status}"
     assert failure.non_retryable is (not retried)
+
+
+def test_openais_out_of_quota_429_is_not_retried() -> None:
+    """ "You exceeded your current quota" cannot pass on a retry: it was tried five times."""
+    quota = {
+        "message": "You exceeded your current quota",
+        "type": "insufficient_quota",
+        "code": "insufficient_quota",
+    }
+    failure = _classify(_status_error(429, quota))
+    assert failure.type == "ModelHttp429" and failure.non_retryable
+    assert "current quota" in failure.message
+    assert not _classify(
+        _status_error(429, {"message": "Rate limit reached", "type": "requests"})
+    ).non_retryable
+
+
+def test_a_stream_error_says_whether_it_came_mid_answer_without_class_names() -> None:
+    ended = _classify(StreamEndedEarly("The model's stream ended before it finished its answer."))
+    assert (
+        ended.message == "The model's stream broke: The model's stream ended before it finished its answer."
+    )
+    assert not ended.non_retryable
+    page = _classify(NotAnEventStream("<html>Not here</html>", MODEL_REQUEST, body=None))
+    assert page.message == "The model server's answer is no event stream: <html>Not here</html>"
+    said = openai.APIError("This model's maximum context length is 4096 tokens", MODEL_REQUEST, body="x")
+    assert _classify(said, streaming=True).message.startswith("The model server sent an error mid-answer: ")
+    whole = _classify(said, streaming=False)
+    assert whole.message == "The model server answered with an error: x"
 
 
 def test_a_timeout_is_retried() -> None:
@@ -185,7 +215,7 @@ async def test_a_whole_answer_holding_a_client_error_is_not_retried() -> None:
         with pytest.raises(ApplicationError) as raised:
             await _run(url)
     assert raised.value.type == "ModelStreamError" and raised.value.non_retryable
-    assert raised.value.message == "The model server sent an error mid-answer: model 'm' does not exist"
+    assert raised.value.message == "The model server answered with an error: model 'm' does not exist"
 
 
 async def test_the_read_timeout_setting_bounds_a_silent_server() -> None:
@@ -304,8 +334,7 @@ async def test_reasoning_effort_is_sent_only_when_thinking_is_on() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        _sse(TEXT_CHUNKS[0]),  # [DONE] without a finish_reason (a proxy that cut the answer)
-        b"data: [DONE]\n\n",  # not a single chunk
+        b"data: [DONE]\n\n",  # not a single chunk (with chunks, [DONE] ends an answer whole)
         b"",  # the body ends at once
     ],
 )

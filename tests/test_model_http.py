@@ -710,7 +710,6 @@ async def test_closing_a_stream_closes_its_response() -> None:
         pytest.param([b'data: {"error": null, "x": 1}\n\n', b"data: [DONE]\n\n"], id="a null error"),
         pytest.param([b"data: [1, 2]\n\n", b"data: [DONE]\n\n"], id="a chunk that is a JSON array"),
         pytest.param([b'data: {"error": {"message": 5}}\n\n'], id="an error whose message is no string"),
-        pytest.param([b'data: {"error": "boom"}\n\n'], id="an error that is a string"),
         pytest.param([b"data: [DONE]\n\n", httpx2.RemoteProtocolError("x")], id="dropped after [DONE]"),
         pytest.param([b"data: 1\n \ndata: 2\n\n"], id="a line of a space is no blank line"),
         pytest.param([b"datax: 1\n\ndata: 2\n\n", b"data: [DONE]\n\n"], id="a field named datax is not data"),
@@ -718,6 +717,85 @@ async def test_closing_a_stream_closes_its_response() -> None:
 )
 async def test_more_streams_read_as_openais_do(blocks: list[bytes | Exception]) -> None:
     await assert_same_stream(blocks)
+
+
+async def direct_outcome(blocks: list[bytes | Exception]) -> tuple[Any, bool]:
+    """What the direct poster makes of a 200 event stream of ``blocks``, and its ``done``."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=Blocks(blocks))
+
+    direct, _, _ = posters(handler)
+    stream = await direct.stream(PARAMS)
+    chunks: list[Any] = []
+    try:
+        async for chunk in stream:
+            chunks.append(chunk)
+    except openai.APIError as err:
+        return (type(err).__name__, err.message, err.body), getattr(stream, "done", False)
+    return chunks, getattr(stream, "done", False)
+
+
+@direct_only
+@pytest.mark.parametrize(
+    ("blocks", "expected"),
+    [
+        pytest.param(
+            [b'data: {"error": "This model\'s maximum context length is 4096 tokens"}\n\n'],
+            (
+                "APIError",
+                "This model's maximum context length is 4096 tokens",
+                "This model's maximum context length is 4096 tokens",
+            ),
+            id="an error that is a string keeps its text (openai: 'An error occurred during streaming')",
+        ),
+        pytest.param(
+            [
+                sse(CHUNK)[:-14],
+                b'error: {"code":400,"message":"the request exceeds the available context size"}\n\n',
+            ],
+            (
+                "APIError",
+                "the request exceeds the available context size",
+                {"code": 400, "message": "the request exceeds the available context size"},
+            ),
+            id="llama.cpp's error field",
+        ),
+        pytest.param(
+            [b'event: error\ndata: {"message": "upstream overloaded"}\n\n'],
+            ("APIError", "upstream overloaded", {"message": "upstream overloaded"}),
+            id="an event named error",
+        ),
+        pytest.param(
+            [b'{"error": {"message": "Unexpected endpoint or method. (POST /chat/completions)"}}'],
+            (
+                "APIError",
+                "Unexpected endpoint or method. (POST /chat/completions)",
+                {"message": "Unexpected endpoint or method. (POST /chat/completions)"},
+            ),
+            id="a JSON error without data:",
+        ),
+        pytest.param(
+            [b"<html><title>Not here</title></html>\n"],
+            ("NotAnEventStream", "<html><title>Not here</title></html>", None),
+            id="a page that is no event stream",
+        ),
+    ],
+)
+async def test_errors_a_server_sends_its_own_way_raise_with_its_text(
+    blocks: list[bytes | Exception], expected: Any
+) -> None:
+    """openai's stream reads none of these as an error: llama.cpp's context
+    error was retried five times and its text lost (a provider audit)."""
+    assert (await direct_outcome(blocks))[0] == expected
+
+
+@direct_only
+async def test_a_stream_says_whether_it_ended_with_done() -> None:
+    assert await direct_outcome([sse(CHUNK)]) == ([CHUNK], True)
+    assert await direct_outcome([sse(CHUNK)[: -len(b"data: [DONE]\n\n")]]) == ([CHUNK], False)
+    # Lines that are no event do not matter once the stream has given chunks.
+    assert await direct_outcome([b"hello\n", sse(CHUNK)]) == ([CHUNK], True)
 
 
 @direct_only

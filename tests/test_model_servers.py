@@ -5,6 +5,8 @@ dev server with the real worker and the scripted model over HTTP."""
 
 from __future__ import annotations
 
+import json
+
 from tests.support.stack import Stack
 
 NGINX_502 = (
@@ -166,3 +168,58 @@ async def test_an_error_page_echoing_the_key_is_scrubbed_before_it_is_cut(stack:
         "The model server answered 401: Access"
     )
     assert "test-key" not in last.error_message
+
+
+def _sse(*chunks: dict[str, object], done: bool = True) -> str:
+    events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    return events + ("data: [DONE]\n\n" if done else "")
+
+
+def _delta(delta: dict[str, object], finish_reason: str | None = None) -> dict[str, object]:
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+async def test_llama_cpps_error_line_ends_the_run_with_its_text_not_retries(stack: Stack) -> None:
+    """llama.cpp sends `error: {...}` (no `data:`): it was passed over, the
+    stream taken for broken, retried five times and its text lost."""
+    error = {
+        "code": 400,
+        "message": "the request exceeds the available context size",
+        "type": "exceed_context_size_error",
+    }
+    stack.script(
+        {"fault": {"kind": "raw", "body": f"error: {json.dumps(error)}\n\n"}}, {"text": "never used"}
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "error"
+    assert last.error_message == (
+        "The model server answered with an error: the request exceeds the available context size"
+    )
+    assert len(stack.requests()) == 1
+
+
+async def test_an_answer_ended_by_done_without_a_finish_reason_is_whole(stack: Stack) -> None:
+    """A server that never sends `finish_reason` but ends with `[DONE]`:
+    the whole answer was streamed five times, then ended as an error."""
+    body = _sse(_delta({"role": "assistant", "content": "hello"}), _delta({"content": " world"}))
+    stack.script({"fault": {"kind": "raw", "body": body}})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert (last.text, last.stop_reason) == ("hello world", "stop")
+    assert len(stack.requests()) == 1
+
+
+async def test_an_answer_whose_stream_is_held_open_after_its_finish_reason_is_kept(stack: Stack) -> None:
+    """A server that says why it stopped, then neither sends `[DONE]` nor
+    closes: each attempt ran into the read timeout (3 s here) and the
+    answer was lost after five."""
+    body = _sse(_delta({"role": "assistant", "content": "all here"}, "stop"), done=False)
+    stack.script({"fault": {"kind": "raw", "body": body, "hold_seconds": 6}})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert (last.text, last.stop_reason) == ("all here", "stop")
+    assert len(stack.requests()) == 1

@@ -106,8 +106,19 @@ class ErrorEventFault(_Strict):
     type: str | None = None
 
 
+class RawFault(_Strict):
+    """Answer 200 with exactly `body` (the step's `content_type`), then hold
+    the connection open for `hold_seconds` before closing it: a server's
+    own shape of a stream, byte for byte (llama.cpp's `error:` lines, a
+    stream without a finish reason, an error that is no event)."""
+
+    kind: Literal["raw"]
+    body: str
+    hold_seconds: float = Field(default=0.0, ge=0)
+
+
 Fault = Annotated[
-    StatusFault | StallFault | DropFault | MalformedFault | ErrorEventFault,
+    StatusFault | StallFault | DropFault | MalformedFault | ErrorEventFault | RawFault,
     Field(union_mode="left_to_right"),
 ]
 

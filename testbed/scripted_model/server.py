@@ -31,6 +31,7 @@ from .script import (
     DropFault,
     ErrorEventFault,
     MalformedFault,
+    RawFault,
     ScriptStep,
     ScriptToolCall,
     ScriptUsage,
@@ -325,6 +326,8 @@ async def _stream(
     """Serve `step` as an SSE stream, applying a stall/drop/malformed fault at its chunk."""
     response = web.StreamResponse(headers={"Content-Type": step.content_type, "Cache-Control": "no-cache"})
     await response.prepare(request)
+    if isinstance(step.fault, RawFault):
+        return await _write_raw(request, response, step.fault)
     timed = _timed_chunks(step, completion, body)
     fault = step.fault
     split = (
@@ -357,11 +360,29 @@ async def _stream(
     return response
 
 
+async def _write_raw(
+    request: web.Request, response: web.StreamResponse, fault: RawFault
+) -> web.StreamResponse:
+    """The raw fault's body, then its hold with the connection open."""
+    try:
+        await response.write(fault.body.encode())
+        if fault.hold_seconds:
+            await asyncio.sleep(fault.hold_seconds)
+            _cut_connection(request)  # a held stream ends without a clean end of its body
+    except ConnectionResetError:
+        pass
+    return response
+
+
 async def _complete(
     request: web.Request, step: ScriptStep, completion: _Completion, body: JSON
 ) -> web.StreamResponse:
     """Serve `step` as one JSON completion, after the time its stream would have taken."""
     fault = step.fault
+    if isinstance(fault, RawFault):
+        response = web.StreamResponse(headers={"Content-Type": step.content_type})
+        await response.prepare(request)
+        return await _write_raw(request, response, fault)
     await asyncio.sleep((step.first_delay_ms + step.delay_ms * len(_deltas(step, completion))) / 1000)
     if isinstance(fault, StallFault):
         await asyncio.sleep(fault.seconds)
