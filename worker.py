@@ -158,6 +158,7 @@ def build_worker(
         declared,
         search_attributes=search_attributes,
         track_subscribers=not settings.sdk_fallbacks,
+        model_call_timeout=settings.model_call_timeout,
     )
     return Worker(
         client,

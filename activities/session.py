@@ -15,7 +15,9 @@ class SessionActivities:
     """Register ``SessionActivities(model, tools).session_defaults``;
     ``search_attributes`` says whether the server has the agent's search
     attributes (checked when the worker starts); ``track_subscribers``
-    False forces the stream's fallback (``AGENT_SDK_FALLBACKS``)."""
+    False forces the stream's fallback (``AGENT_SDK_FALLBACKS``);
+    ``model_call_timeout`` bounds one attempt of a model call, in seconds
+    (``AGENT_MODEL_CALL_TIMEOUT``; None: the workflow's 10 minutes)."""
 
     def __init__(
         self,
@@ -24,12 +26,14 @@ class SessionActivities:
         *,
         search_attributes: bool = False,
         track_subscribers: bool = True,
+        model_call_timeout: float | None = None,
     ) -> None:
         self._defaults = SessionDefaults(
             model=model,
             tools=tools,
             search_attributes=search_attributes,
             track_subscribers=track_subscribers,
+            model_call_timeout=model_call_timeout,
         )
 
     @activity.defn(name="session_defaults")

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 GRPC_COMPRESSIONS = ("gzip", "none")
+MAX_MODEL_CALL_SECONDS = 7 * 86_400
+"""The longest AGENT_MODEL_CALL_TIMEOUT: a week."""
 MAX_STORAGE_THRESHOLD = 1024 * 1024
 """The largest AGENT_STORAGE_THRESHOLD_BYTES: Temporal refuses payloads
 above 2 MB, and a workflow task's commands together above 4 MB; payloads
@@ -91,6 +93,9 @@ class Settings:
     openai_api_key: str | None = field(default=None, repr=False)
     openai_base_url: str | None = None
     llm_read_timeout: float = 60.0
+    model_call_timeout: float = 1800.0
+    """Seconds one attempt of a model call may take in all (the activity's
+    start-to-close timeout), recorded by each conversation when it starts."""
     # Tools
     tool_modules: tuple[str, ...] = ()
     local_tools: frozenset[str] = frozenset()
@@ -164,6 +169,9 @@ class Settings:
             openai_api_key=text("OPENAI_API_KEY"),
             openai_base_url=text("OPENAI_BASE_URL"),
             llm_read_timeout=_number(env, "AGENT_LLM_READ_TIMEOUT", 60.0, positive=True, maximum=86_400),
+            model_call_timeout=_number(
+                env, "AGENT_MODEL_CALL_TIMEOUT", 1800.0, positive=True, maximum=MAX_MODEL_CALL_SECONDS
+            ),
             tool_modules=tuple(comma_separated(text("AGENT_TOOLS"))),
             local_tools=frozenset(comma_separated(text("AGENT_LOCAL_TOOLS"))),
             tool_output_cap=int(_number(env, "AGENT_TOOL_OUTPUT_CAP", 50_000, whole=True)),

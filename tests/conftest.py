@@ -71,6 +71,7 @@ def worker_env(dev_server: DevServer, model_server: ScriptedModelServer, artifac
         "OPENAI_API_KEY": "test-key-never-in-history",
         "AGENT_MODEL": "scripted-default",
         "AGENT_LLM_READ_TIMEOUT": "3",
+        "AGENT_MODEL_CALL_TIMEOUT": "1500",  # test_continue_as_new: it reaches every model call
         "AGENT_TEST_LEDGER": str(artifacts / "ledger.txt"),
         "AGENT_WORKSPACE": str(Path(__file__).resolve().parent.parent),
         "AGENT_TOOL_OUTPUT_DIR": str(DATA / "tool-output"),

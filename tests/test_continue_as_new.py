@@ -156,3 +156,28 @@ async def test_a_live_reader_behind_at_the_idle_switch_after_a_long_run_reads_on
     offsets = [offset for offset, _ in seen]
     assert offsets == list(range(offsets[-1] + 1))
     assert sum(kind == "tool_execution_end" for _, kind in seen) == 210
+
+
+async def test_every_model_call_of_every_run_has_the_workers_time_limit(stack: Stack) -> None:
+    """A model call was cut at a fixed 10 minutes (a slow local model's
+    long answer regenerated five times over): the limit is the worker's
+    AGENT_MODEL_CALL_TIMEOUT (1500 s on the test worker), recorded when the
+    conversation starts and carried across continue-as-new."""
+    stack.model_server.script(stack.model, long_script(3))
+    handle = await stack.start(prompt="count", closeWhenIdle=True, continueAsNewAfterTurns=1)
+    await handle.result()
+    limits: list[float] = []
+    run_id = handle.first_execution_run_id or handle.run_id
+    while True:
+        history = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        limits += [
+            e.activity_task_scheduled_event_attributes.start_to_close_timeout.ToTimedelta().total_seconds()
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "stream_assistant_response"
+        ]
+        last = history.events[-1]
+        if not last.HasField("workflow_execution_continued_as_new_event_attributes"):
+            break
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    assert len(limits) >= 3 and set(limits) == {1500.0}

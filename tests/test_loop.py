@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from tests.support.stack import EventLog, Stack, outline
-from workflows.calls import _tool_failure_text, activity_failure_text, tool_summary
+from workflows.calls import ActivityCalls, _tool_failure_text, activity_failure_text, tool_summary
 from workflows.contract import PromptResult
 
 
@@ -939,3 +940,22 @@ def test_a_tool_given_up_for_want_of_heartbeats_says_what_usually_causes_it() ->
         "event loop (time.sleep, blocking I/O: run such work with asyncio.to_thread), or its worker died."
     )
     assert _tool_failure_text(_failed_tool_activity(ApplicationError("disk full"))) == "disk full"
+
+
+@pytest.mark.parametrize(("recorded", "limit"), [(1500.0, "1500"), (None, "600")])
+def test_a_model_call_past_its_time_limit_names_the_limit_and_its_setting(
+    recorded: float | None, limit: str
+) -> None:
+    """It read "activity StartToClose timeout" (found by a provider audit:
+    a slow local model's long answer)."""
+    timeout = TemporalTimeoutError(
+        "activity StartToClose timeout", type=TimeoutType.START_TO_CLOSE, last_heartbeat_details=[]
+    )
+    calls = SimpleNamespace(_session=SimpleNamespace(model_call_timeout=recorded))
+    text = ActivityCalls._model_failure_text(calls, _failed_tool_activity(timeout))  # type: ignore[arg-type]
+    assert text == (
+        f"The model call ran past its time limit of {limit} s (the worker's AGENT_MODEL_CALL_TIMEOUT, "
+        "recorded when the conversation started) and was given up after its last attempt."
+    )
+    other = ActivityCalls._model_failure_text(calls, _failed_tool_activity(ApplicationError("boom")))  # type: ignore[arg-type]
+    assert other == "boom"

@@ -34,6 +34,8 @@ from worker import build_worker, what_must_match
     [
         ("AGENT_LLM_READ_TIMEOUT", "0", "AGENT_LLM_READ_TIMEOUT must be above 0, got '0'."),
         ("AGENT_LLM_READ_TIMEOUT", "nan", "AGENT_LLM_READ_TIMEOUT must be a finite number, got 'nan'."),
+        ("AGENT_MODEL_CALL_TIMEOUT", "0", "AGENT_MODEL_CALL_TIMEOUT must be above 0, got '0'."),
+        ("AGENT_MODEL_CALL_TIMEOUT", "1e9", "AGENT_MODEL_CALL_TIMEOUT must be at most 604800"),
         ("AGENT_STORAGE_THRESHOLD_BYTES", "1e999", "AGENT_STORAGE_THRESHOLD_BYTES must be a whole number"),
         ("AGENT_SHUTDOWN_GRACE_SECONDS", "1e308", "AGENT_SHUTDOWN_GRACE_SECONDS must be at most 86400"),
         # Found by a storage audit: each was taken and failed later (a jammed

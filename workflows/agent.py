@@ -413,6 +413,7 @@ class AgentWorkflow:
             session.declared = {tool.name: tool for tool in defaults.tools or []}
             session.search_attributes = defaults.search_attributes
             session.track_subscribers = defaults.track_subscribers
+            session.model_call_timeout = defaults.model_call_timeout
             settings.model = settings.model or defaults.model
         elif session.declared is None:
             session.declared = dict(self._bindings.legacy_tools)

@@ -39,6 +39,9 @@ LLM_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=5,
 )
+DEFAULT_MODEL_CALL_SECONDS = 600
+"""A model call's time limit in conversations that recorded none (started
+before AGENT_MODEL_CALL_TIMEOUT existed)."""
 TOOL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # Activities heartbeat twice a second; a worker that dies is noticed after this.
 HEARTBEAT_TIMEOUT = timedelta(seconds=3)
@@ -178,7 +181,7 @@ class ActivityCalls:
             # What had streamed stays, as in pi (the provider's partial output
             # ends with stopReason "error"): one message_start, one message_end.
             streamed = self._stream.streamed_message() if self._versions.has(STREAM_AS_PI_PATCH) else None
-            return self._ended_answer(streamed, "error", activity_failure_text(err))
+            return self._ended_answer(streamed, "error", self._model_failure_text(err))
         finally:
             self._llm = None
             self._stream.model_call_ended(aborted=session.abort_requested)
@@ -188,6 +191,20 @@ class ActivityCalls:
         if result.context_ref is not None:
             session.context_ref, session.context_length = result.context_ref, len(context.messages) + 1
         return ModelAnswer(result.message, result.streamed, result.argument_errors)
+
+    def _model_failure_text(self, err: ActivityError) -> str:
+        """What a model call's failure says; its time limit, by name."""
+        current: BaseException | None = err
+        while current is not None:
+            if isinstance(current, TemporalTimeoutError) and current.type == TimeoutType.START_TO_CLOSE:
+                limit = self._session.model_call_timeout or DEFAULT_MODEL_CALL_SECONDS
+                return (
+                    f"The model call ran past its time limit of {limit:g} s (the worker's "
+                    "AGENT_MODEL_CALL_TIMEOUT, recorded when the conversation started) and was "
+                    "given up after its last attempt."
+                )
+            current = current.__cause__
+        return activity_failure_text(err)
 
     async def _call_model(self, context: AgentContext) -> LlmResult:
         """The context goes as the stored manifest plus the messages added
@@ -219,7 +236,9 @@ class ActivityCalls:
                 LLM_ACTIVITY,
                 request,
                 result_type=LlmResult,
-                start_to_close_timeout=timedelta(minutes=10),
+                start_to_close_timeout=timedelta(
+                    seconds=session.model_call_timeout or DEFAULT_MODEL_CALL_SECONDS
+                ),
                 heartbeat_timeout=HEARTBEAT_TIMEOUT,
                 retry_policy=LLM_RETRY,
                 cancellation_type=(

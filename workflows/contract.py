@@ -161,6 +161,8 @@ class SessionCarry(WireModel):
     """Decisions that arrived while the conversation was continuing as new."""
     track_subscribers: bool | None = None
     """As recorded in ``SessionDefaults`` (None: none recorded)."""
+    model_call_timeout: float | None = None
+    """As recorded in ``SessionDefaults`` (None: none recorded)."""
     search_attributes: bool = False
     published: dict[str, Any] = Field(default_factory=dict)
     """The search attribute values last upserted."""
@@ -185,6 +187,10 @@ class SessionDefaults(WireModel):
     a command: every worker replays the conversation as it ran. None (a
     recording made before it existed): the replaying worker's own choice,
     as then."""
+    model_call_timeout: float | None = None
+    """Seconds one attempt of a model call may take (AGENT_MODEL_CALL_TIMEOUT).
+    Recorded, because it is a command's timeout; None (recorded before it
+    existed): 10 minutes, as then."""
 
 
 class PromptResult(WireModel):

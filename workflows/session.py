@@ -103,6 +103,7 @@ class Session:
         # Whether the stream's subscribers are tracked, as the conversation
         # recorded when it started (SessionDefaults.track_subscribers).
         self.track_subscribers: bool | None = carry.track_subscribers
+        self.model_call_timeout: float | None = carry.model_call_timeout
         self.published: dict[str, Any] = dict(carry.published)
         self.published_at: datetime | None = carry.published_at
 
@@ -381,6 +382,7 @@ class Session:
             published=self.published,
             published_at=self.published_at,
             track_subscribers=self.track_subscribers,
+            model_call_timeout=self.model_call_timeout,
         )
 
     def search_attribute_values(self) -> dict[str, Any]:
