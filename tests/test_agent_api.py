@@ -117,9 +117,21 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
             await handle.execute_update("configure", {key: 2**63})
         assert isinstance(refused.value.cause, ApplicationError)
         assert refused.value.cause.message == (
-            f"`{key}` must be between -9007199254740991 and 9007199254740991 (2**53 - 1, the largest "
-            "integer every JSON reader reads exactly; null sets no limit)."
+            f"`{key}` must be at most 9007199254740991 (2**53 - 1, the largest integer every JSON "
+            "reader reads exactly; null sets no limit)."
         )
+    # It said "between -9007199254740991 and ..." though the least is 1 (a contract check).
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("configure", {"maxTurns": -(2**60)})
+    assert "greater than or equal to 1" in str(refused.value.cause)
+    # A model's id of 300,000 characters was taken, sent with every call and echoed by every reply.
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("configure", {"model": "m" * 1001})
+    assert refused.value.cause.message == (
+        "The model name is 1,001 characters long: a model's id is at most 1,000."
+    )
+    assert (await handle.execute_update("configure", {"model": "m" * 1000}))["model"] == "m" * 1000
+    await handle.execute_update("configure", {"model": other_model})
     assert (await handle.execute_update("configure", {"maxTotalTokens": 2**53 - 1}))[
         "maxTotalTokens"
     ] == 2**53 - 1
@@ -145,7 +157,7 @@ async def test_a_start_refused_for_a_settings_type_takes_none_of_its_settings(st
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), 30)
     assert isinstance(failed.value.cause, ApplicationError)
-    assert failed.value.cause.message.startswith("`maxTotalTokens` must be between -9007199254740991 and")
+    assert failed.value.cause.message.startswith("`maxTotalTokens` must be at most 9007199254740991 (")
     assert (await handle.query("state"))["maxTotalTokens"] is None
 
 

@@ -107,6 +107,17 @@ async def test_a_reason_with_a_lone_surrogate_is_taken_with_a_replacement(stack:
     log = EventLog(stack.client, handle.id)
     await log.wait_for_type("tool_approval_request")
 
+    # A reason of a megabyte was applied, but its echo went to the payload
+    # store: a client without the storage settings got an error back, and
+    # its second try was refused as decided (a contract check).
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(
+            "approve_tool", {"toolCallId": "s1", "approved": False, "reason": "x" * 10_001}
+        )
+    assert refused.value.cause.message == (
+        "The reason is 10,001 characters long: give one of at most 10,000 (the model reads it in the "
+        "call's result)."
+    )
     decided = await handle.execute_update(
         "approve_tool", raw_json('{"toolCallId": "s1", "approved": false, "reason": "bad \\ud800 day"}')
     )

@@ -84,6 +84,10 @@ with workflow.unsafe.imports_passed_through():
 
 # Stream items kept when continuing as new; older offsets read from the
 # oldest item kept.
+MAX_MODEL_NAME_CHARS = 1000
+"""The longest model name ``configure`` takes (refused by its validator)."""
+MAX_REASON_CHARS = 10_000
+"""The longest approval reason ``approve_tool`` takes (refused by its validator)."""
 STREAM_ITEMS_CARRIED = 2000
 IDLE_ITEMS_CARRIED = 200
 # History length past which an idle conversation continues as new.
@@ -219,12 +223,13 @@ def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
 def past_safe_integer(settings: dict[str, Any]) -> str | None:
     """Why a setting's number is refused: past 2**53 - 1 an integer is read
     inexactly by JSON readers of other languages (JavaScript's), so `state`
-    would report another limit back; None when none is."""
+    would report another limit back; None when none is. (Every integer
+    setting is at least 1: one below is refused by its own check.)"""
     for key, value in settings.items():
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SAFE_INTEGER:
             return (
-                f"`{key}` must be between -{MAX_SAFE_INTEGER} and {MAX_SAFE_INTEGER} (2**53 - 1, the "
-                "largest integer every JSON reader reads exactly; null sets no limit)."
+                f"`{key}` must be at most {MAX_SAFE_INTEGER} (2**53 - 1, the largest integer every "
+                "JSON reader reads exactly; null sets no limit)."
             )
     return None
 
@@ -904,6 +909,14 @@ class AgentWorkflow:
             huge = past_safe_integer(payload)
             if huge:
                 raise InputError(huge)
+            model = payload.get("model")
+            if isinstance(model, str) and len(model) > MAX_MODEL_NAME_CHARS:
+                # Sent with every model call, reported by `state` and every
+                # `configure`: one of 300,000 characters was taken.
+                raise InputError(
+                    f"The model name is {len(model):,} characters long: a model's id is at most "
+                    f"{MAX_MODEL_NAME_CHARS:,}."
+                )
         try:
             patch = AgentSettings.model_validate(clean_json(payload))
             if strict:
@@ -1004,6 +1017,16 @@ class AgentWorkflow:
                 f"not {json_type(payload)}."
             )
         if isinstance(payload, dict):
+            reason = payload.get("reason")
+            if isinstance(reason, str) and len(reason) > MAX_REASON_CHARS:
+                # A reason of a megabyte was applied, and its echo, the
+                # update's result, went to the payload store: a client
+                # without the storage settings got an error back, and a
+                # second try was refused as decided (a contract check).
+                raise InputError(
+                    f"The reason is {len(reason):,} characters long: give one of at most "
+                    f"{MAX_REASON_CHARS:,} (the model reads it in the call's result)."
+                )
             known = {name for field in ApprovalRequest.model_fields for name in (field, to_camel(field))}
             unknown = sorted(str(key) for key in payload if key not in known)
             if unknown:
