@@ -126,11 +126,11 @@ async def test_configure_applies_from_the_next_model_call_and_returns_the_settin
     assert "greater than or equal to 1" in str(refused.value.cause)
     # A model's id of 300,000 characters was taken, sent with every call and echoed by every reply.
     with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await handle.execute_update("configure", {"model": "m" * 1001})
+        await handle.execute_update("configure", {"model": "m" * 10_001})
     assert refused.value.cause.message == (
-        "The model name is 1,001 characters long: a model's id is at most 1,000."
+        "The model name is 10,001 characters long: a model's id is at most 10,000."
     )
-    assert (await handle.execute_update("configure", {"model": "m" * 1000}))["model"] == "m" * 1000
+    assert (await handle.execute_update("configure", {"model": "m" * 10_000}))["model"] == "m" * 10_000
     await handle.execute_update("configure", {"model": other_model})
     assert (await handle.execute_update("configure", {"maxTotalTokens": 2**53 - 1}))[
         "maxTotalTokens"

@@ -61,7 +61,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # start-input-safe-integers (v16: every scenario); with the thirteenth,
 # before the hooks of a sequential batch saw the transcript as pi hands it
 # and an abort taken at a turn boundary kept the follow-ups queued (v17:
-# every scenario, sequential_hook_view on its old path).
+# every scenario, sequential_hook_view on its old path); with the fourteenth,
+# before the counters' upsert and an approval's deadline waited for a timer
+# rather than the clock (v18: every scenario).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -77,6 +79,7 @@ V14 = sorted((ROOT / "v14").glob("*.json"))
 V15 = sorted((ROOT / "v15").glob("*.json"))
 V16 = sorted((ROOT / "v16").glob("*.json"))
 V17 = sorted((ROOT / "v17").glob("*.json"))
+V18 = sorted((ROOT / "v18").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -225,6 +228,9 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded with the thirteenth (agent-2026-12-l), and the
     # old path of hooks-see-batch-start (the hook saw the result and blocked).
     assert {_stem(p) for p in V17} == {_stem(p) for p in CURRENT}
+    # Every scenario, recorded with the fourteenth (agent-2026-12-m): the
+    # counters and approval deadlines decided by the clock.
+    assert {_stem(p) for p in V18} == {_stem(p) for p in CURRENT}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -243,10 +249,11 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    CURRENT + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
     ids=[
         str(p.relative_to(ROOT))
         for p in CURRENT
+        + V18
         + V17
         + V16
         + V15
@@ -271,10 +278,10 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    CURRENT + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+        for p in CURRENT + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
     ],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:

@@ -8,6 +8,7 @@ misses a gate whose old path differs in events or state, not commands)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,6 +52,13 @@ L = K | {
     "carried-counters-time",
     "start-input-safe-integers",
 }
+M = L | {
+    "approval-without-reason",
+    "hooks-see-batch-start",
+    "abort-before-follow-ups",
+    "carry-not-retried",
+    "save-local-results-before-switch",
+}
 RECORDED_MARKERS = {
     "agent-2026-12": FIRST,
     "agent-2026-12-b": B,
@@ -64,17 +72,12 @@ RECORDED_MARKERS = {
     "agent-2026-12-j": J,
     "agent-2026-12-k": K,
     "agent-2026-12-l": L,
+    "agent-2026-12-m": M,
 }
 """What each combined marker stood for when runs recorded it (histories in
-tests/histories/v4..v17): fixed for good, whatever later versions add."""
-LATER = {
-    "approval-without-reason",
-    "hooks-see-batch-start",
-    "abort-before-follow-ups",
-    "carry-not-retried",
-    "save-local-results-before-switch",
-}
-EVERY_PATCH = L | LATER
+tests/histories/v4..v18): fixed for good, whatever later versions add."""
+LATER = {"clock-free-commands"}
+EVERY_PATCH = M | LATER
 
 
 @pytest.fixture
@@ -286,3 +289,40 @@ async def test_a_legacy_conversation_without_a_model_gets_the_workers_default() 
     """The legacy path (the worker's tools) still records a default model for a run started without one."""
     assert await _model_after_recording_defaults(False, None) == "worker-model"
     assert await _model_after_recording_defaults(False, "mine") == "mine"
+
+
+@pytest.mark.parametrize("seconds_since_upsert", [1, 20])
+def test_whether_the_counters_upsert_does_not_hang_on_the_clock(
+    seconds_since_upsert: int, markers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker taking a run over read the previous workflow task's time
+    while the task ran; a replay of the task reads its own. The counters'
+    upsert was decided by comparing that time with the last upsert's: due in
+    the replay only, it failed every later workflow task (nondeterminism: a
+    crash audit's conversation wedged for good). Now the counters wait for a
+    timer, whichever time the task reads: the same commands either way."""
+    markers(None)  # a run of this version
+    wf = shell(session())
+    wf._versions = Versions()
+    wf._versions.start()
+    wf._counters_timer, wf._counters_due, wf._counters_clock_read = None, False, False
+    wf._session.search_attributes = True
+    wf._session.published = {**wf._session.search_attribute_values(), "AgentTurns": 0}
+    last = datetime(2026, 12, 7, tzinfo=UTC)
+    wf._session.published_at = last
+    monkeypatch.setattr(workflow, "now", lambda: last + timedelta(seconds=seconds_since_upsert))
+    upserts: list[Any] = []
+    monkeypatch.setattr(workflow, "upsert_search_attributes", upserts.append)
+    timers: list[timedelta] = []
+
+    def start_timer(self: AgentWorkflow, now: datetime) -> None:
+        timers.append(now - last)
+
+    monkeypatch.setattr(AgentWorkflow, "_start_counters_timer", start_timer)
+    wf._session.turns.total = 3  # a turn ended: the counters changed
+    wf._sync_search_attributes()
+    assert upserts == [] and timers == [timedelta(seconds=seconds_since_upsert)]
+    # Once its timer has fired, they are upserted.
+    wf._counters_due = True
+    wf._sync_search_attributes()
+    assert len(upserts) == 1 and not wf._counters_due

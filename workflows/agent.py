@@ -19,11 +19,14 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -84,7 +87,7 @@ with workflow.unsafe.imports_passed_through():
 
 # Stream items kept when continuing as new; older offsets read from the
 # oldest item kept.
-MAX_MODEL_NAME_CHARS = 1000
+MAX_MODEL_NAME_CHARS = 10_000
 """The longest model name ``configure`` takes (refused by its validator)."""
 MAX_REASON_CHARS = 10_000
 """The longest approval reason ``approve_tool`` takes (refused by its validator)."""
@@ -107,6 +110,7 @@ SEARCH_ATTRIBUTES_PATCH = "search-attributes"
 # boundary at most this often (workflow time); before the patch below, every
 # SEARCH_ATTRIBUTE_TURNS turns.
 SEARCH_ATTRIBUTE_INTERVAL = timedelta(seconds=10)
+MIN_TIMER = timedelta(milliseconds=1)
 SEARCH_ATTRIBUTES_BY_TIME_PATCH = "search-attributes-by-time"
 SEARCH_ATTRIBUTE_TURNS = 10
 SEARCH_ATTRIBUTE_KEYS: dict[str, Any] = {
@@ -181,6 +185,14 @@ COUNTERS_NOW_PATCH = "search-attribute-counters-now"
 # (the interval of the counters); before this patch each run counted it from
 # its own first sync. Read by the combined marker only (no marker asked).
 CARRIED_COUNTERS_TIME_PATCH = "carried-counters-time"
+# Decisions that make a command wait for a durable timer instead of comparing
+# workflow.now(): the counters' upsert (SEARCH_ATTRIBUTE_INTERVAL) and a
+# waiting approval's deadline (a timer even when none is left). A worker
+# taking a run over (a crash audit) read the previous workflow task's time
+# while the task ran, where a replay of it reads the task's own: a counters
+# upsert due in the replay only failed every later task (nondeterminism), and
+# the conversation wedged. Read by the combined marker only (no marker asked).
+CLOCK_FREE_COMMANDS_PATCH = "clock-free-commands"
 # A start input setting past 2**53 - 1 fails the start, as `configure` refuses
 # it; before this patch it was taken (and `state` reported it back as given).
 START_INPUT_SAFE_INTEGERS_PATCH = "start-input-safe-integers"
@@ -250,6 +262,8 @@ class AgentWorkflow:
     def __init__(self, *args: Any) -> None:
         self._bindings = WorkflowBindings()
         self._input_error: str | None = None
+        self._counters_timer: asyncio.Task[None] | None = None  # COUNTERS_BY_TIMER_PATCH
+        self._counters_due = False  # its interval has passed since the last upsert
         self._counters_clock_read = False  # this run's first search-attribute sync came
         self._strict_input_error: str | None = None  # refused only by runs with the patch
         self._huge_input_error: str | None = None  # likewise (START_INPUT_SAFE_INTEGERS_PATCH)
@@ -582,6 +596,10 @@ class AgentWorkflow:
         try:
             while True:
                 left = None if deadline is None else max(0, deadline - self._now_ms()) / 1000
+                if left is not None and self._clock_free():
+                    # A timer even when no time is left: whether there is
+                    # one must not hang on the clock (CLOCK_FREE_COMMANDS_PATCH).
+                    left = max(left, MIN_TIMER.total_seconds())
                 await workflow.wait_condition(
                     self._approval_wait_ends(call.id, follows, timeout),
                     timeout=None if left is None else timedelta(seconds=left),
@@ -1205,7 +1223,11 @@ class AgentWorkflow:
         if not changed:
             return
         now = workflow.now()
-        if not self._counters_clock_read:
+        if "AgentStatus" not in changed and "AgentModel" not in changed and self._clock_free():
+            if not self._counters_due and not (counters_now and self._versions.has(COUNTERS_NOW_PATCH)):
+                self._start_counters_timer(now)
+                return
+        elif not self._counters_clock_read:
             # Carried, the interval goes on across continue-as-new: counted
             # again from each run's start, a run continued as new every few
             # seconds never published its counters (an audit). A run from
@@ -1217,7 +1239,7 @@ class AgentWorkflow:
                 session.published_at = None
         if session.published_at is None:
             session.published_at = now  # the conversation's first run, or a run from before
-        if "AgentStatus" not in changed and "AgentModel" not in changed:
+        if "AgentStatus" not in changed and "AgentModel" not in changed and not self._clock_free():
             if self._versions.has(SEARCH_ATTRIBUTES_BY_TIME_PATCH):
                 due = now - session.published_at >= SEARCH_ATTRIBUTE_INTERVAL
             else:
@@ -1231,6 +1253,31 @@ class AgentWorkflow:
         )
         session.published.update(changed)
         session.published_at = now
+        self._counters_due = False
+        if self._counters_timer is not None:
+            self._counters_timer.cancel()  # everything is published: nothing to wait for
+            self._counters_timer = None
+
+    def _clock_free(self) -> bool:
+        return self._versions.marked(CLOCK_FREE_COMMANDS_PATCH)
+
+    def _start_counters_timer(self, now: datetime) -> None:
+        """A timer for the changed counters' upsert, SEARCH_ATTRIBUTE_INTERVAL
+        after the last upsert (carried across continue-as-new, so a run
+        continued as new every few seconds still publishes them). Whether
+        there is one depends on state alone; its length on the clock, which
+        no replay checks."""
+        if self._counters_timer is not None:
+            return
+        published_at = self._session.published_at
+        left = SEARCH_ATTRIBUTE_INTERVAL - (now - published_at) if published_at else SEARCH_ATTRIBUTE_INTERVAL
+        self._counters_timer = asyncio.create_task(self._counters_after(max(left, MIN_TIMER)))
+
+    async def _counters_after(self, left: timedelta) -> None:
+        await workflow.sleep(left, summary="the counters' search attributes")
+        self._counters_timer = None
+        self._counters_due = True
+        self._sync_search_attributes()
 
 
 async def _outcome_of(hook: Awaitable[Any]) -> tuple[Any, BaseException | None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-CURRENT = "agent-2026-12-m"
+CURRENT = "agent-2026-12-n"
 """Marks a run started with every patch in force."""
 
 _FIRST = frozenset(
@@ -44,7 +44,16 @@ _L = _K | {
     "start-input-safe-integers",
 }
 
+_M = _L | {
+    "approval-without-reason",
+    "hooks-see-batch-start",
+    "abort-before-follow-ups",
+    "carry-not-retried",
+    "save-local-results-before-switch",
+}
+
 PREVIOUS: dict[str, frozenset[str]] = {
+    "agent-2026-12-m": _M,
     "agent-2026-12-l": _L,
     "agent-2026-12-k": _K,
     "agent-2026-12-j": _J,
