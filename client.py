@@ -1085,7 +1085,10 @@ def _wire(message: Message | list[Message]) -> Any:
 #   because a signal arrived while it was completing a continue-as-new
 #   (cause UnhandledCommand); the task is retried and the workflow goes on.
 # - UNAVAILABLE "workflow update was aborted" and other transport blips.
-_TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE)
+# - DEADLINE_EXCEEDED "Timeout expired": a read (a query) no worker answered
+#   in time, while workers were killed and started (a crash audit's reader
+#   stopped there, mid-conversation).
+_TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
 # Retries in a row without a new event before the error is the caller's:
 # 0.1 s doubling to 2 s, about 25 s in all.
 MAX_RETRIES = 15

@@ -147,6 +147,27 @@ async def test_transient_failures_are_counted_in_a_row_not_in_all(monkeypatch: p
     assert await offsets_read(FakeClient()) == list(range(6))
 
 
+async def test_a_read_no_worker_answered_in_time_is_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While workers were killed and started, a read (a query) ran past its
+    deadline: the reader raised "Timeout expired" and stopped mid-conversation."""
+    monkeypatch.setattr(client, "_backoff", lambda failures: 0.0)
+    reads: list[Any] = [
+        RPCError("Timeout expired", RPCStatusCode.DEADLINE_EXCEEDED, b""),
+        PollResult([item(0, {"type": "turn_start"})], 1, True),
+    ]
+
+    async def read(self: _EventReader) -> Any:
+        if not reads:
+            raise Done
+        answer = reads.pop(0)
+        if isinstance(answer, RPCError):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(_EventReader, "_read", read)
+    assert await offsets_read(FakeClient()) == [0]
+
+
 async def test_events_gone_over_several_reads_are_told_once_from_the_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
