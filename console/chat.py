@@ -180,6 +180,9 @@ class ChatSession:
                 self._renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
                 self._say(f"conversation {conversation_id} · /help lists the commands")
                 self._renderer.render_transcript([m.model_dump(mode="json") for m in transcript])
+                if state is not None and state.streaming_message is not None:
+                    # The answer streaming now began before state.event_offset.
+                    self._renderer.resume_message(state.streaming_message.model_dump(mode="json"))
                 for approval in state.pending_approvals if state else []:
                     self._observe({"type": "tool_approval_request", **approval.model_dump(mode="json")})
                 ended = await self._run_tasks(state.event_offset if state else 0)
