@@ -359,13 +359,22 @@ class ChatSession:
         if self._aborting:
             return True
         self._aborting = True  # the next Ctrl-C leaves, whatever happens to this one
-        if not await self._is_running():
+        state = await self._state()
+        if state.status not in _BUSY:
             return True
         await self._conversation.abort()
         self._say("aborting the run (Ctrl-C again leaves the chat)", "yellow")
+        self._say_still_queued(state)
         return False
 
     # --- runs and queues ---------------------------------------------------------------
+
+    def _say_still_queued(self, state: SessionState) -> None:
+        """What an abort leaves queued, which the next run would take in
+        unseen (an audit: queued messages silently took over the next prompt)."""
+        queued = state.steering_queue + state.follow_up_queue
+        if queued:
+            self._say(f"{_count(queued, 'message')} still queued (/clear takes them back)", "yellow")
 
     async def _send(self, text: str) -> None:
         """Steer the active run, or start a run with ``text``."""
@@ -384,11 +393,13 @@ class ChatSession:
         self._say(f"» follow-up queued: {text}", "magenta")
 
     async def _abort(self, _: str) -> None:
-        if not await self._is_running():
+        state = await self._state()
+        if state.status not in _BUSY:
             self._say("No run is active.")
             return
         await self._conversation.abort()
         self._say("aborting the run", "yellow")
+        self._say_still_queued(state)
 
     async def _stop(self, _: str) -> None:
         if not await self._is_running():

@@ -371,3 +371,22 @@ async def test_ctrl_c_while_idle_leaves_without_aborting() -> None:
     chat = _chat(fake)
     assert not await chat._act(None)
     assert fake.sent == []
+
+
+@pytest.mark.parametrize("line", [None, "/abort"])  # Ctrl-C, or the command
+async def test_an_abort_says_how_many_messages_are_still_queued_and_how_to_take_them_back(
+    capsys: pytest.CaptureFixture[str], line: str | None
+) -> None:
+    """Queued messages outlive an abort and start the next run: the abort
+    notice says so (they silently took over the next prompt, an audit)."""
+    fake = _Fake(status="running", steering_queue=1, follow_up_queue=1)
+    chat = _chat(fake)
+    assert await chat._act(line)
+    assert fake.sent == [("abort",)]
+    assert "2 messages still queued (/clear takes them back)" in capsys.readouterr().out
+
+
+async def test_an_abort_with_nothing_queued_says_nothing_of_queues(capsys: pytest.CaptureFixture[str]) -> None:
+    chat = _chat(_Fake(status="running"))
+    assert await chat._act("/abort")
+    assert "queued" not in capsys.readouterr().out
