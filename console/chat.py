@@ -379,11 +379,18 @@ class ChatSession:
     async def _send(self, text: str) -> None:
         """Steer the active run, or start a run with ``text``."""
         self._sent = True
-        if await self._is_running():
-            await self._conversation.steer(text)
-            self._say(f"» steering: {text}", "magenta")
-            return
-        await self._conversation.send_prompt(text)
+        if not await self._is_running():
+            try:
+                await self._conversation.send_prompt(text)
+                return
+            except Refused:
+                # Another client started a run since the look (two chats
+                # pressing Enter at once): typed during a run, the text steers
+                # it (it was refused, and lost, an audit).
+                if not await self._is_running():
+                    raise
+        await self._conversation.steer(text)
+        self._say(f"» steering: {text}", "magenta")
 
     async def _follow_up(self, text: str) -> None:
         if not text:

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from temporalio.service import RPCError, RPCStatusCode
 
-from client import StoppedWaiting
+from client import Refused, StoppedWaiting
 from console.chat import ChatSession, _describe
 from console.render import EventRenderer
 from tests.support.recording_conversation import RecordingConversation
@@ -89,6 +89,36 @@ async def test_an_empty_line_sends_nothing() -> None:
     chat = _chat(fake)
     assert await chat._act("")
     assert await chat._act("   ")
+    assert fake.sent == []
+
+
+async def test_a_prompt_refused_as_another_client_started_a_run_steers_that_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two chats pressed Enter at once: the one refused ("A run is already
+    active") lost its text (an audit); it steers the run the other started."""
+    fake = _Fake(status="idle")
+
+    async def refused(text: str) -> None:
+        fake.current = fake.current.model_copy(update={"status": "running"})
+        raise Refused("A run is already active: send `steer` or `follow_up` instead, or wait for the run to end.")
+
+    fake.send_prompt = refused  # type: ignore[method-assign]
+    chat = _chat(fake)
+    assert await chat._act("me too")
+    assert fake.sent == [("steer", "me too")]
+    assert "» steering: me too" in capsys.readouterr().out
+
+
+async def test_a_prompt_refused_for_another_reason_is_not_sent_as_a_steer() -> None:
+    fake = _Fake(status="idle")
+
+    async def refused(text: str) -> None:
+        raise Refused("The conversation is closed: start a new one.")
+
+    fake.send_prompt = refused  # type: ignore[method-assign]
+    with pytest.raises(Refused):
+        await _chat(fake)._act("hello")
     assert fake.sent == []
 
 
