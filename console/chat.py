@@ -140,6 +140,10 @@ class ChatSession:
         self._shown_up_to = 0  # the offset of the next event to show
         self._sent = False  # a line was sent from here
         self._approvals: dict[str, PendingApproval] = {}  # oldest first
+        # The last call shown waiting that stopped waiting with no decision
+        # from here (decided elsewhere, timed out, its run ended): a bare
+        # y/n typed next was meant for it, not for the model.
+        self._no_longer_waiting: PendingApproval | None = None
         self._restore = ""  # text for the next input line (messages taken back by /clear)
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
             "/followup": self._follow_up,
@@ -249,8 +253,11 @@ class ChatSession:
             first = len(self._approvals) == 1
             self._say("  y approves, n [reason] rejects" + ("" if first else " (after the ones before it)"))
         elif kind == "tool_execution_end":
-            self._approvals.pop(event.get("toolCallId", ""), None)
+            gone = self._approvals.pop(event.get("toolCallId", ""), None)
+            self._no_longer_waiting = gone or self._no_longer_waiting
         elif kind == "agent_end":
+            if self._approvals:
+                self._no_longer_waiting = next(reversed(self._approvals.values()))
             self._approvals.clear()
         self._input.app.invalidate()
 
@@ -330,6 +337,14 @@ class ChatSession:
             return True
         if not line.startswith("/"):
             if self._approvals and await self._decide_oldest(line):
+                return True
+            gone, self._no_longer_waiting = self._no_longer_waiting, None
+            if gone is not None and (_YES.fullmatch(line) or _NO.fullmatch(line)):
+                self._say(
+                    f"No tool call is waiting for approval: {gone.tool_name} ({gone.tool_call_id}) no longer "
+                    f"waits. Enter {line} again to send it to the model.",
+                    "yellow",
+                )
                 return True
             await self._send(line)
             return True

@@ -248,16 +248,54 @@ async def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> No
 # --- approvals ----------------------------------------------------------------------
 
 
-async def test_a_y_after_the_run_ended_is_a_prompt_not_an_approval() -> None:
+async def test_a_y_after_the_run_ended_says_no_call_waits_and_a_second_y_is_a_prompt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """A run that ended (aborted, say) while calls waited takes them with it:
-    the prompt no longer asks "approve ...? y/n" and a typed `y` starts a run."""
+    the prompt no longer asks "approve ...? y/n"; the `y` typed next was
+    meant for the call, so it is not sent; typed again, it starts a run."""
     fake = _Fake(status="idle")
     chat = _chat(fake)
     chat._observe(_request("c1"))
     chat._observe({"type": "agent_end", "messages": []})
     assert chat._approvals == {}
     assert await chat._act("y")
+    assert fake.sent == []
+    assert "No tool call is waiting for approval: x (c1) no longer waits." in capsys.readouterr().out
+    assert await chat._act("y")
     assert fake.sent == [("prompt", "y")]
+
+
+@pytest.mark.parametrize("line", ["y", "n", "no too risky"])
+async def test_a_y_or_n_after_the_call_was_decided_elsewhere_is_not_sent_to_the_model(
+    capsys: pytest.CaptureFixture[str], line: str
+) -> None:
+    """The approval prompt was shown, then another terminal decided the call
+    (its result came): a bare y/n was sent to the model as a message (an audit)."""
+    fake = _Fake(status="running")
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    chat._observe({"type": "tool_execution_end", "toolCallId": "c1", "toolName": "x", "result": {}})
+    assert await chat._act(line)
+    assert fake.sent == []
+    assert "No tool call is waiting for approval" in capsys.readouterr().out
+
+
+async def test_a_y_with_no_approval_shown_is_a_message() -> None:
+    fake = _Fake(status="idle")
+    chat = _chat(fake)
+    assert await chat._act("y")
+    assert fake.sent == [("prompt", "y")]
+
+
+async def test_a_call_decided_here_leaves_no_y_held_back() -> None:
+    fake = _Fake(status="running")
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    assert await chat._act("y")
+    chat._observe({"type": "tool_execution_end", "toolCallId": "c1", "toolName": "x", "result": {}})
+    assert await chat._act("y")
+    assert fake.sent == [("approve", "c1", True, None), ("steer", "y")]
 
 
 def test_a_second_waiting_call_says_it_comes_after_the_ones_before_it(
