@@ -295,7 +295,19 @@ class ChatSession:
             except (Refused, StoppedWaiting) as err:
                 self._say(f"✗ {err}", "red")
             except RPCError as err:
-                self._say(f"✗ {err.message}", "red")
+                # The server did not take it (unreachable, most often): the
+                # line was lost (an audit). It goes back into the input line,
+                # not sent again by itself: what it means (a prompt, a steer,
+                # a decision) depends on the conversation when it is sent.
+                unsent = (line or "").strip()
+                if unsent and not self._piped:
+                    self._restore = unsent
+                    self._say(
+                        f"✗ {err.message}: not sent; it is back in the input line (Enter sends it again)",
+                        "red",
+                    )
+                else:
+                    self._say(f"✗ {err.message}{': not sent' if unsent else ''}", "red")
 
     async def _answered_or_waiting_for_approval(self) -> None:
         """Until no run is active, or one waits for a person's decision: no

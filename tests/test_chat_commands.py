@@ -323,12 +323,15 @@ async def test_approve_takes_the_call_id_before_any_further_words() -> None:
 # --- reading lines -----------------------------------------------------------------
 
 
-def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> None:
+def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> list[str]:
     """Make the chat's input line return ``lines`` one by one (an exception
-    class is raised, as prompt_toolkit raises EOFError on Ctrl-D)."""
+    class is raised, as prompt_toolkit raises EOFError on Ctrl-D); returns
+    the text each input line started with (``default``), as they are asked."""
     pending = list(lines)
+    defaults: list[str] = []
 
-    async def prompt_async(*_: Any, **__: Any) -> str:
+    async def prompt_async(*_: Any, default: str = "", **__: Any) -> str:
+        defaults.append(default)
         item = pending.pop(0)
         if isinstance(item, type):
             raise item()
@@ -336,6 +339,7 @@ def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> None:
 
     chat._input.prompt_async = prompt_async  # type: ignore[method-assign]
     chat._piped = False  # typed, as at a terminal (pytest's stdin is none)
+    return defaults
 
 
 async def test_ctrl_d_leaves_the_chat() -> None:
@@ -359,6 +363,24 @@ async def test_a_server_error_is_one_red_line_and_the_chat_goes_on(
     _typed(chat, "hello", "/quit")
     await chat._read_lines()
     assert "✗ the server is unreachable" in capsys.readouterr().out
+
+
+async def test_a_line_the_server_did_not_take_goes_back_into_the_input_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Typed while the server was down, a line was lost (an audit): it is
+    said not sent, and the next input line starts with it."""
+    fake = _Fake()
+    chat = _chat(fake)
+
+    async def unreachable(text: str) -> None:
+        raise RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+
+    fake.send_prompt = unreachable  # type: ignore[method-assign]
+    defaults = _typed(chat, "  hello there ", "/quit")
+    await chat._read_lines()
+    assert defaults == ["", "hello there"]
+    assert "✗ tcp connect error: not sent; it is back in the input line" in capsys.readouterr().out
 
 
 async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach(
