@@ -76,14 +76,15 @@ _NO = re.compile(r"(?i)(?:n|no)(?:\s+(?P<reason>.*))?")
 
 async def chat(
     client: Client, settings: Settings, conversation_id: str | None, options: dict[str, Any]
-) -> None:
+) -> int:
     """Chat with conversation ``conversation_id``, starting it (with start
     ``options``, snake_case) when no conversation has that id yet, or a new
     one when it is ``None``. Re-attaching prints the transcript, then goes on
-    live from where the transcript ends."""
+    live from where the transcript ends. Returns the exit code: 1 when the
+    event stream failed for good, else 0."""
     conversation_id = conversation_id or f"chat-{uuid.uuid4().hex[:8]}"
     conversation, state, transcript = await _attach_or_start(client, settings, conversation_id, options)
-    await ChatSession(conversation).run(state, transcript)
+    return await ChatSession(conversation).run(state, transcript)
 
 
 async def _attach_or_start(
@@ -170,8 +171,9 @@ class ChatSession:
         except Exception:  # a hint, not worth a failure
             return None
 
-    async def run(self, state: SessionState | None, transcript: list[AgentMessage]) -> None:
-        """Chat until the user leaves or the conversation ends."""
+    async def run(self, state: SessionState | None, transcript: list[AgentMessage]) -> int:
+        """Chat until the user leaves or the conversation ends; 1 when the
+        event stream failed for good (the chat cannot go on), else 0."""
         ended: str | None = None
         conversation_id = self._conversation.id
         try:
@@ -209,6 +211,7 @@ class ChatSession:
                     print(terminal_safe(ended))
                 print("Left the chat; the conversation goes on. Re-attach with:")
                 print(f"  python starter.py chat --id {conversation_id}")
+        return 0 if ended in (None, _CONVERSATION_ENDED) else 1
 
     async def _run_tasks(self, offset: int) -> str | None:
         """Render and read side by side; whichever ends first ends the chat.

@@ -398,7 +398,7 @@ async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach
     fake.events = events  # type: ignore[attr-defined]
     chat = ChatSession(fake)  # type: ignore[arg-type]
     chat._read_lines = typing_forever  # type: ignore[method-assign]
-    await chat.run(None, [])
+    assert await chat.run(None, []) == 1  # the exit code: the chat gave up (it exited 0, an audit)
     out = capsys.readouterr().out
     assert "The event stream failed: the stream broke\nLeft the chat; the conversation goes on." in out
     assert "python starter.py chat --id c" in out
