@@ -101,7 +101,7 @@ async def test_a_prompt_refused_as_another_client_started_a_run_steers_that_run(
 
     async def refused(text: str) -> None:
         fake.current = fake.current.model_copy(update={"status": "running"})
-        raise Refused("A run is already active: send `steer` or `follow_up` instead, or wait for the run to end.")
+        raise Refused("A run is already active: send `steer` or `follow_up` instead.")
 
     fake.send_prompt = refused  # type: ignore[method-assign]
     chat = _chat(fake)
@@ -476,7 +476,9 @@ async def test_an_abort_says_how_many_messages_are_still_queued_and_how_to_take_
     assert "2 messages still queued (/clear takes them back)" in capsys.readouterr().out
 
 
-async def test_an_abort_with_nothing_queued_says_nothing_of_queues(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_an_abort_with_nothing_queued_says_nothing_of_queues(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     chat = _chat(_Fake(status="running"))
     assert await chat._act("/abort")
     assert "queued" not in capsys.readouterr().out
