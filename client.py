@@ -1094,6 +1094,15 @@ _TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE, RPCS
 MAX_RETRIES = 15
 
 
+def _unanswered(err: RPCError) -> bool:
+    """The server did not answer: it is down or restarting, or the
+    connection broke under a call in flight (tonic's "transport error",
+    status UNKNOWN). Not a refusal: a reader polls again until it answers,
+    as the CLI's note promises (a chat gave up on a 12 s server restart, an
+    audit)."""
+    return err.status == RPCStatusCode.UNAVAILABLE or "transport error" in (err.message or "")
+
+
 # A query to a conversation whose workflow task is failing (FAILED_PRECONDITION
 # "Unable to query workflow due to Workflow Task in failed state") is asked
 # again for ~3 s (a task retried at once may pass), then refused with a sentence.
@@ -1200,7 +1209,9 @@ async def follow(
 
     A poll that fails transiently (see ``_TRANSIENT``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after
-    ``MAX_RETRIES`` failures in a row the error is raised.
+    ``MAX_RETRIES`` failures in a row the error is raised, unless the server
+    did not answer at all (``_unanswered``): that poll is made again, every
+    2 s at most, until it does.
 
     Events the conversation no longer keeps cannot be read: those before
     the oldest kept (a long conversation carries its latest events across
@@ -1210,17 +1221,21 @@ async def follow(
     not read, so a reader can say so.
     """
     reader = _EventReader(client, workflow_id, from_offset, cooldown_ms)
-    failures = 0
+    failures = unanswered = 0
     while True:
         try:
             async for item in reader.items():
-                failures = 0
+                failures = unanswered = 0
                 skipped, reader.skipped = reader.skipped, None
                 if skipped is not None and on_skipped is not None:
                     on_skipped(*skipped)
                 yield item
             return
         except RPCError as err:
+            if _unanswered(err):  # not counted: polled again until the server answers
+                await asyncio.sleep(_backoff(unanswered))
+                unanswered = min(unanswered + 1, MAX_RETRIES)
+                continue
             if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
                 raise
             await asyncio.sleep(_backoff(failures))

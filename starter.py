@@ -170,8 +170,7 @@ async def cmd_wait(client: Client, settings: Settings, args: argparse.Namespace)
 
 
 async def cmd_chat(client: Client, settings: Settings, args: argparse.Namespace) -> int:
-    await chat(client, settings, args.id, start_options(args))
-    return 0
+    return await chat(client, settings, args.id, start_options(args))
 
 
 async def cmd_watch(client: Client, settings: Settings, args: argparse.Namespace) -> int:

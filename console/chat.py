@@ -76,14 +76,15 @@ _NO = re.compile(r"(?i)(?:n|no)(?:\s+(?P<reason>.*))?")
 
 async def chat(
     client: Client, settings: Settings, conversation_id: str | None, options: dict[str, Any]
-) -> None:
+) -> int:
     """Chat with conversation ``conversation_id``, starting it (with start
     ``options``, snake_case) when no conversation has that id yet, or a new
     one when it is ``None``. Re-attaching prints the transcript, then goes on
-    live from where the transcript ends."""
+    live from where the transcript ends. Returns the exit code: 1 when the
+    event stream failed for good, else 0."""
     conversation_id = conversation_id or f"chat-{uuid.uuid4().hex[:8]}"
     conversation, state, transcript = await _attach_or_start(client, settings, conversation_id, options)
-    await ChatSession(conversation).run(state, transcript)
+    return await ChatSession(conversation).run(state, transcript)
 
 
 async def _attach_or_start(
@@ -140,6 +141,10 @@ class ChatSession:
         self._shown_up_to = 0  # the offset of the next event to show
         self._sent = False  # a line was sent from here
         self._approvals: dict[str, PendingApproval] = {}  # oldest first
+        # The last call shown waiting that stopped waiting with no decision
+        # from here (decided elsewhere, timed out, its run ended): a bare
+        # y/n typed next was meant for it, not for the model.
+        self._no_longer_waiting: PendingApproval | None = None
         self._restore = ""  # text for the next input line (messages taken back by /clear)
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
             "/followup": self._follow_up,
@@ -166,8 +171,9 @@ class ChatSession:
         except Exception:  # a hint, not worth a failure
             return None
 
-    async def run(self, state: SessionState | None, transcript: list[AgentMessage]) -> None:
-        """Chat until the user leaves or the conversation ends."""
+    async def run(self, state: SessionState | None, transcript: list[AgentMessage]) -> int:
+        """Chat until the user leaves or the conversation ends; 1 when the
+        event stream failed for good (the chat cannot go on), else 0."""
         ended: str | None = None
         conversation_id = self._conversation.id
         try:
@@ -180,6 +186,9 @@ class ChatSession:
                 self._renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
                 self._say(f"conversation {conversation_id} · /help lists the commands")
                 self._renderer.render_transcript([m.model_dump(mode="json") for m in transcript])
+                if state is not None and state.streaming_message is not None:
+                    # The answer streaming now began before state.event_offset.
+                    self._renderer.resume_message(state.streaming_message.model_dump(mode="json"))
                 for approval in state.pending_approvals if state else []:
                     self._observe({"type": "tool_approval_request", **approval.model_dump(mode="json")})
                 ended = await self._run_tasks(state.event_offset if state else 0)
@@ -202,6 +211,7 @@ class ChatSession:
                     print(terminal_safe(ended))
                 print("Left the chat; the conversation goes on. Re-attach with:")
                 print(f"  python starter.py chat --id {conversation_id}")
+        return 0 if ended in (None, _CONVERSATION_ENDED) else 1
 
     async def _run_tasks(self, offset: int) -> str | None:
         """Render and read side by side; whichever ends first ends the chat.
@@ -246,8 +256,11 @@ class ChatSession:
             first = len(self._approvals) == 1
             self._say("  y approves, n [reason] rejects" + ("" if first else " (after the ones before it)"))
         elif kind == "tool_execution_end":
-            self._approvals.pop(event.get("toolCallId", ""), None)
+            gone = self._approvals.pop(event.get("toolCallId", ""), None)
+            self._no_longer_waiting = gone or self._no_longer_waiting
         elif kind == "agent_end":
+            if self._approvals:
+                self._no_longer_waiting = next(reversed(self._approvals.values()))
             self._approvals.clear()
         self._input.app.invalidate()
 
@@ -285,7 +298,19 @@ class ChatSession:
             except (Refused, StoppedWaiting) as err:
                 self._say(f"✗ {err}", "red")
             except RPCError as err:
-                self._say(f"✗ {err.message}", "red")
+                # The server did not take it (unreachable, most often): the
+                # line was lost (an audit). It goes back into the input line,
+                # not sent again by itself: what it means (a prompt, a steer,
+                # a decision) depends on the conversation when it is sent.
+                unsent = (line or "").strip()
+                if unsent and not self._piped:
+                    self._restore = unsent
+                    self._say(
+                        f"✗ {err.message}: not sent; it is back in the input line (Enter sends it again)",
+                        "red",
+                    )
+                else:
+                    self._say(f"✗ {err.message}{': not sent' if unsent else ''}", "red")
 
     async def _answered_or_waiting_for_approval(self) -> None:
         """Until no run is active, or one waits for a person's decision: no
@@ -328,6 +353,14 @@ class ChatSession:
         if not line.startswith("/"):
             if self._approvals and await self._decide_oldest(line):
                 return True
+            gone, self._no_longer_waiting = self._no_longer_waiting, None
+            if gone is not None and (_YES.fullmatch(line) or _NO.fullmatch(line)):
+                self._say(
+                    f"No tool call is waiting for approval: {gone.tool_name} ({gone.tool_call_id}) no longer "
+                    f"waits. Enter {line} again to send it to the model.",
+                    "yellow",
+                )
+                return True
             await self._send(line)
             return True
         name, _, argument = line.partition(" ")
@@ -356,22 +389,38 @@ class ChatSession:
         if self._aborting:
             return True
         self._aborting = True  # the next Ctrl-C leaves, whatever happens to this one
-        if not await self._is_running():
+        state = await self._state()
+        if state.status not in _BUSY:
             return True
         await self._conversation.abort()
         self._say("aborting the run (Ctrl-C again leaves the chat)", "yellow")
+        self._say_still_queued(state)
         return False
 
     # --- runs and queues ---------------------------------------------------------------
 
+    def _say_still_queued(self, state: SessionState) -> None:
+        """What an abort leaves queued, which the next run would take in
+        unseen (an audit: queued messages silently took over the next prompt)."""
+        queued = state.steering_queue + state.follow_up_queue
+        if queued:
+            self._say(f"{_count(queued, 'message')} still queued (/clear takes them back)", "yellow")
+
     async def _send(self, text: str) -> None:
         """Steer the active run, or start a run with ``text``."""
         self._sent = True
-        if await self._is_running():
-            await self._conversation.steer(text)
-            self._say(f"» steering: {text}", "magenta")
-            return
-        await self._conversation.send_prompt(text)
+        if not await self._is_running():
+            try:
+                await self._conversation.send_prompt(text)
+                return
+            except Refused:
+                # Another client started a run since the look (two chats
+                # pressing Enter at once): typed during a run, the text steers
+                # it (it was refused, and lost, an audit).
+                if not await self._is_running():
+                    raise
+        await self._conversation.steer(text)
+        self._say(f"» steering: {text}", "magenta")
 
     async def _follow_up(self, text: str) -> None:
         if not text:
@@ -381,11 +430,13 @@ class ChatSession:
         self._say(f"» follow-up queued: {text}", "magenta")
 
     async def _abort(self, _: str) -> None:
-        if not await self._is_running():
+        state = await self._state()
+        if state.status not in _BUSY:
             self._say("No run is active.")
             return
         await self._conversation.abort()
         self._say("aborting the run", "yellow")
+        self._say_still_queued(state)
 
     async def _stop(self, _: str) -> None:
         if not await self._is_running():

@@ -149,6 +149,23 @@ class EventRenderer:
         # run starts (``agent_start``) can only be a steering one.
         self._answered = True
 
+    def resume_message(self, message: dict[str, Any]) -> None:
+        """Print what an assistant message still streaming has so far (the
+        ``state`` query's ``streamingMessage``), its last line left open:
+        the deltas that follow go on from it. Without this a chat attached
+        mid-answer showed none of it until the answer ended (a user audit)."""
+        self.end_line()
+        self._streaming, self._streamed = True, False
+        for block in _safe(message).get("content") or []:
+            kind = block.get("type")
+            if kind == "thinking" and self._show_thinking:
+                self.end_line()
+                self._stream(block.get("thinking", ""), _THINKING)
+            elif kind == "text":
+                self.end_line()
+                self._stream(block.get("text", ""), "")
+            # A tool call is shown when it runs (tool_execution_start).
+
     def end_line(self) -> None:
         """Finish a line left open by streamed tokens."""
         global _streaming_line

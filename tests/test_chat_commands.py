@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from temporalio.service import RPCError, RPCStatusCode
 
-from client import StoppedWaiting
+from client import Refused, StoppedWaiting
 from console.chat import ChatSession, _describe
 from console.render import EventRenderer
 from tests.support.recording_conversation import RecordingConversation
@@ -89,6 +89,36 @@ async def test_an_empty_line_sends_nothing() -> None:
     chat = _chat(fake)
     assert await chat._act("")
     assert await chat._act("   ")
+    assert fake.sent == []
+
+
+async def test_a_prompt_refused_as_another_client_started_a_run_steers_that_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two chats pressed Enter at once: the one refused ("A run is already
+    active") lost its text (an audit); it steers the run the other started."""
+    fake = _Fake(status="idle")
+
+    async def refused(text: str) -> None:
+        fake.current = fake.current.model_copy(update={"status": "running"})
+        raise Refused("A run is already active: send `steer` or `follow_up` instead.")
+
+    fake.send_prompt = refused  # type: ignore[method-assign]
+    chat = _chat(fake)
+    assert await chat._act("me too")
+    assert fake.sent == [("steer", "me too")]
+    assert "» steering: me too" in capsys.readouterr().out
+
+
+async def test_a_prompt_refused_for_another_reason_is_not_sent_as_a_steer() -> None:
+    fake = _Fake(status="idle")
+
+    async def refused(text: str) -> None:
+        raise Refused("The conversation is closed: start a new one.")
+
+    fake.send_prompt = refused  # type: ignore[method-assign]
+    with pytest.raises(Refused):
+        await _chat(fake)._act("hello")
     assert fake.sent == []
 
 
@@ -218,16 +248,54 @@ async def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> No
 # --- approvals ----------------------------------------------------------------------
 
 
-async def test_a_y_after_the_run_ended_is_a_prompt_not_an_approval() -> None:
+async def test_a_y_after_the_run_ended_says_no_call_waits_and_a_second_y_is_a_prompt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """A run that ended (aborted, say) while calls waited takes them with it:
-    the prompt no longer asks "approve ...? y/n" and a typed `y` starts a run."""
+    the prompt no longer asks "approve ...? y/n"; the `y` typed next was
+    meant for the call, so it is not sent; typed again, it starts a run."""
     fake = _Fake(status="idle")
     chat = _chat(fake)
     chat._observe(_request("c1"))
     chat._observe({"type": "agent_end", "messages": []})
     assert chat._approvals == {}
     assert await chat._act("y")
+    assert fake.sent == []
+    assert "No tool call is waiting for approval: x (c1) no longer waits." in capsys.readouterr().out
+    assert await chat._act("y")
     assert fake.sent == [("prompt", "y")]
+
+
+@pytest.mark.parametrize("line", ["y", "n", "no too risky"])
+async def test_a_y_or_n_after_the_call_was_decided_elsewhere_is_not_sent_to_the_model(
+    capsys: pytest.CaptureFixture[str], line: str
+) -> None:
+    """The approval prompt was shown, then another terminal decided the call
+    (its result came): a bare y/n was sent to the model as a message (an audit)."""
+    fake = _Fake(status="running")
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    chat._observe({"type": "tool_execution_end", "toolCallId": "c1", "toolName": "x", "result": {}})
+    assert await chat._act(line)
+    assert fake.sent == []
+    assert "No tool call is waiting for approval" in capsys.readouterr().out
+
+
+async def test_a_y_with_no_approval_shown_is_a_message() -> None:
+    fake = _Fake(status="idle")
+    chat = _chat(fake)
+    assert await chat._act("y")
+    assert fake.sent == [("prompt", "y")]
+
+
+async def test_a_call_decided_here_leaves_no_y_held_back() -> None:
+    fake = _Fake(status="running")
+    chat = _chat(fake)
+    chat._observe(_request("c1"))
+    assert await chat._act("y")
+    chat._observe({"type": "tool_execution_end", "toolCallId": "c1", "toolName": "x", "result": {}})
+    assert await chat._act("y")
+    assert fake.sent == [("approve", "c1", True, None), ("steer", "y")]
 
 
 def test_a_second_waiting_call_says_it_comes_after_the_ones_before_it(
@@ -255,12 +323,15 @@ async def test_approve_takes_the_call_id_before_any_further_words() -> None:
 # --- reading lines -----------------------------------------------------------------
 
 
-def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> None:
+def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> list[str]:
     """Make the chat's input line return ``lines`` one by one (an exception
-    class is raised, as prompt_toolkit raises EOFError on Ctrl-D)."""
+    class is raised, as prompt_toolkit raises EOFError on Ctrl-D); returns
+    the text each input line started with (``default``), as they are asked."""
     pending = list(lines)
+    defaults: list[str] = []
 
-    async def prompt_async(*_: Any, **__: Any) -> str:
+    async def prompt_async(*_: Any, default: str = "", **__: Any) -> str:
+        defaults.append(default)
         item = pending.pop(0)
         if isinstance(item, type):
             raise item()
@@ -268,6 +339,7 @@ def _typed(chat: ChatSession, *lines: str | type[BaseException]) -> None:
 
     chat._input.prompt_async = prompt_async  # type: ignore[method-assign]
     chat._piped = False  # typed, as at a terminal (pytest's stdin is none)
+    return defaults
 
 
 async def test_ctrl_d_leaves_the_chat() -> None:
@@ -293,6 +365,24 @@ async def test_a_server_error_is_one_red_line_and_the_chat_goes_on(
     assert "✗ the server is unreachable" in capsys.readouterr().out
 
 
+async def test_a_line_the_server_did_not_take_goes_back_into_the_input_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Typed while the server was down, a line was lost (an audit): it is
+    said not sent, and the next input line starts with it."""
+    fake = _Fake()
+    chat = _chat(fake)
+
+    async def unreachable(text: str) -> None:
+        raise RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+
+    fake.send_prompt = unreachable  # type: ignore[method-assign]
+    defaults = _typed(chat, "  hello there ", "/quit")
+    await chat._read_lines()
+    assert defaults == ["", "hello there"]
+    assert "✗ tcp connect error: not sent; it is back in the input line" in capsys.readouterr().out
+
+
 async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -308,7 +398,7 @@ async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach
     fake.events = events  # type: ignore[attr-defined]
     chat = ChatSession(fake)  # type: ignore[arg-type]
     chat._read_lines = typing_forever  # type: ignore[method-assign]
-    await chat.run(None, [])
+    assert await chat.run(None, []) == 1  # the exit code: the chat gave up (it exited 0, an audit)
     out = capsys.readouterr().out
     assert "The event stream failed: the stream broke\nLeft the chat; the conversation goes on." in out
     assert "python starter.py chat --id c" in out
@@ -371,3 +461,24 @@ async def test_ctrl_c_while_idle_leaves_without_aborting() -> None:
     chat = _chat(fake)
     assert not await chat._act(None)
     assert fake.sent == []
+
+
+@pytest.mark.parametrize("line", [None, "/abort"])  # Ctrl-C, or the command
+async def test_an_abort_says_how_many_messages_are_still_queued_and_how_to_take_them_back(
+    capsys: pytest.CaptureFixture[str], line: str | None
+) -> None:
+    """Queued messages outlive an abort and start the next run: the abort
+    notice says so (they silently took over the next prompt, an audit)."""
+    fake = _Fake(status="running", steering_queue=1, follow_up_queue=1)
+    chat = _chat(fake)
+    assert await chat._act(line)
+    assert fake.sent == [("abort",)]
+    assert "2 messages still queued (/clear takes them back)" in capsys.readouterr().out
+
+
+async def test_an_abort_with_nothing_queued_says_nothing_of_queues(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    chat = _chat(_Fake(status="running"))
+    assert await chat._act("/abort")
+    assert "queued" not in capsys.readouterr().out

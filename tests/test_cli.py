@@ -333,8 +333,9 @@ async def test_reset_says_what_it_cleared(conversation: Recorder, capsys: pytest
 async def test_chat_starts_a_new_conversation_with_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
 
-    async def chat(client: Any, settings: Any, cid: Any, options: dict[str, Any]) -> None:
+    async def chat(client: Any, settings: Any, cid: Any, options: dict[str, Any]) -> int:
         seen.append((cid, options))
+        return 0
 
     monkeypatch.setattr(starter, "chat", chat)
     args = parse("chat", "--id", "new", "--model", "m", "--thinking", "high", "--tools", "echo")

@@ -170,6 +170,20 @@ def test_renderer_prints_a_message_joined_mid_stream_whole_at_its_end() -> None:
     assert render(events) == "the whole answer\n"
 
 
+def test_renderer_resumes_a_message_joined_mid_stream_from_what_it_had_so_far() -> None:
+    """A chat attached mid-answer prints the partial message from the state,
+    then the deltas after it on the same line, each token once."""
+    final = assistant({"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "the whole answer"})
+    partial = assistant({"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "the wh"})
+    out = io.StringIO()
+    renderer = EventRenderer(Console(file=out, width=80, force_terminal=False))
+    renderer.resume_message(partial)
+    assert out.getvalue() == "hmm\nthe wh"
+    for event in (delta("text_delta", "ole answer", 1), {"type": "message_end", "message": final}):
+        renderer.render(event)
+    assert out.getvalue() == "hmm\nthe whole answer\n"
+
+
 def test_renderer_shows_tool_calls_progress_and_error_results() -> None:
     events: list[dict[str, Any]] = [
         {"type": "tool_execution_start", "toolCallId": "c1", "toolName": "slow", "args": {"seconds": 3}},
@@ -1751,3 +1765,29 @@ async def test_ctrl_c_in_run_aborts_its_run_and_says_so(stack: Stack) -> None:
     handle = stack.client.get_workflow_handle(conversation_id)
     result = await asyncio.wait_for(handle.result(), 20)
     assert result["messages"][-1]["stopReason"] == "aborted"
+
+
+async def test_chat_attached_while_an_answer_streams_shows_it_so_far_then_the_rest(stack: Stack) -> None:
+    """A chat re-attached mid-answer showed none of it while it streamed (a
+    user audit): it shows the answer so far at once, then streams the rest."""
+    answer = " ".join(f"w{i}" for i in range(30))  # one line of the pty's 120 columns
+    stack.script({"text": answer, "chunk_chars": 3, "delay_ms": 300})  # ~11 s
+    conversation = await stack.conversation()
+    await conversation.send_prompt("stream slowly")
+    await until_state(conversation, lambda s: "w1 " in _streamed_text(s))
+
+    child, screen = spawn_chat(stack.dev_server, "--id", conversation.id)
+    try:
+        await expect(child, "w0 w1 ")
+        assert (await conversation.state()).streaming_message is not None  # shown before its end
+        await expect(child, "· 1 turn")
+        child.send("/quit\r")
+        await child.expect(pexpect.EOF, async_=True)
+    finally:
+        child.close(force=True)
+    assert answer in re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue())
+
+
+def _streamed_text(state: SessionState) -> str:
+    message = state.streaming_message
+    return "".join(getattr(block, "text", "") for block in message.content) if message else ""

@@ -168,6 +168,35 @@ async def test_a_read_no_worker_answered_in_time_is_made_again(monkeypatch: pyte
     assert await offsets_read(FakeClient()) == [0]
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        RPCError("transport error", RPCStatusCode.UNKNOWN, b""),  # the connection broke under a poll
+        RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b""),  # the server is down
+    ],
+)
+async def test_a_server_that_does_not_answer_is_polled_until_it_does(
+    monkeypatch: pytest.MonkeyPatch, error: RPCError
+) -> None:
+    """A chat gave up on a 12 s server restart ("The event stream failed:
+    transport error", an audit) while the CLI's note said it retried until
+    the server answered: such failures do not count towards giving up."""
+    monkeypatch.setattr(client, "MAX_RETRIES", 2)
+    monkeypatch.setattr(client, "_backoff", lambda failures: 0.0)
+    reads: list[Any] = [error] * 10 + [PollResult([item(0, {"type": "turn_start"})], 1, True)]
+
+    async def read(self: _EventReader) -> Any:
+        if not reads:
+            raise Done
+        answer = reads.pop(0)
+        if isinstance(answer, RPCError):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(_EventReader, "_read", read)
+    assert await offsets_read(FakeClient()) == [0]
+
+
 async def test_events_gone_over_several_reads_are_told_once_from_the_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
