@@ -345,7 +345,11 @@ async def _finished_with_fallbacks(
 
 
 def _has_timer(history: WorkflowHistory) -> bool:
-    return any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
+    """A timer other than the one the counters' upsert waits for (the linger's)."""
+    return any(
+        e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and b"counters" not in e.user_metadata.summary.data
+        for e in history.events
+    )
 
 
 async def _replay_on(history: WorkflowHistory, *, fallbacks: bool) -> None:
