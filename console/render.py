@@ -156,15 +156,8 @@ class EventRenderer:
         mid-answer showed none of it until the answer ended (a user audit)."""
         self.end_line()
         self._streaming, self._streamed = True, False
-        for block in _safe(message).get("content") or []:
-            kind = block.get("type")
-            if kind == "thinking" and self._show_thinking:
-                self.end_line()
-                self._stream(block.get("thinking", ""), _THINKING)
-            elif kind == "text":
-                self.end_line()
-                self._stream(block.get("text", ""), "")
-            # A tool call is shown when it runs (tool_execution_start).
+        # A tool call is shown when it runs (tool_execution_start).
+        self._content(_safe(message), with_tool_calls=False, close=False)
 
     def end_line(self) -> None:
         """Finish a line left open by streamed tokens."""
@@ -288,8 +281,9 @@ class EventRenderer:
     def _custom(self, message: dict[str, Any]) -> None:
         self._note(f"· {message.get('role')} message")
 
-    def _content(self, message: dict[str, Any], *, with_tool_calls: bool) -> None:
-        """An assistant message's blocks, in order, from the message itself."""
+    def _content(self, message: dict[str, Any], *, with_tool_calls: bool, close: bool = True) -> None:
+        """An assistant message's blocks, in order, from the message itself;
+        ``close``: its last line ended (else left open for more deltas)."""
         for block in message.get("content") or []:
             kind = block.get("type")
             if kind == "thinking" and self._show_thinking:
@@ -300,7 +294,8 @@ class EventRenderer:
                 self._stream(block.get("text", ""), "")
             elif kind == "toolCall" and with_tool_calls:
                 self._tool_call(block.get("name", "?"), block.get("arguments"))
-        self.end_line()
+        if close:
+            self.end_line()
 
     def _tool_call(self, name: str, args: Any) -> None:
         self._line(Text(f"⚙ {name}({_format_args(args)})", style=_TOOL))

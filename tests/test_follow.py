@@ -95,7 +95,7 @@ def item(offset: int, value: Any) -> _WorkflowStreamWireItem:
 
 def scripted_reads(monkeypatch: pytest.MonkeyPatch, reads: list[Any], seen: list[Any] | None = None) -> None:
     """``_EventReader._read`` answers ``reads`` in turn (a callable is called
-    with the reader), then raises ``Done``."""
+    with the reader, an ``RPCError`` raised), then raises ``Done``."""
 
     async def read(self: _EventReader) -> Any:
         if seen is not None:
@@ -103,6 +103,8 @@ def scripted_reads(monkeypatch: pytest.MonkeyPatch, reads: list[Any], seen: list
         if not reads:
             raise Done
         answer = reads.pop(0)
+        if isinstance(answer, RPCError):
+            raise answer
         return answer(self) if callable(answer) else answer
 
     monkeypatch.setattr(_EventReader, "_read", read)
@@ -134,16 +136,7 @@ async def test_transient_failures_are_counted_in_a_row_not_in_all(monkeypatch: p
     for n in range(6):  # six failures in all, one at a time, each followed by an event
         reads.append(aborted)
         reads.append(PollResult([item(n, {"type": "turn_start"})], n + 1, True))
-
-    async def read(self: _EventReader) -> Any:
-        if not reads:
-            raise Done
-        answer = reads.pop(0)
-        if isinstance(answer, RPCError):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(_EventReader, "_read", read)
+    scripted_reads(monkeypatch, reads)
     assert await offsets_read(FakeClient()) == list(range(6))
 
 
@@ -155,16 +148,7 @@ async def test_a_read_no_worker_answered_in_time_is_made_again(monkeypatch: pyte
         RPCError("Timeout expired", RPCStatusCode.DEADLINE_EXCEEDED, b""),
         PollResult([item(0, {"type": "turn_start"})], 1, True),
     ]
-
-    async def read(self: _EventReader) -> Any:
-        if not reads:
-            raise Done
-        answer = reads.pop(0)
-        if isinstance(answer, RPCError):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(_EventReader, "_read", read)
+    scripted_reads(monkeypatch, reads)
     assert await offsets_read(FakeClient()) == [0]
 
 
@@ -184,16 +168,7 @@ async def test_a_server_that_does_not_answer_is_polled_until_it_does(
     monkeypatch.setattr(client, "MAX_RETRIES", 2)
     monkeypatch.setattr(client, "_backoff", lambda failures: 0.0)
     reads: list[Any] = [error] * 10 + [PollResult([item(0, {"type": "turn_start"})], 1, True)]
-
-    async def read(self: _EventReader) -> Any:
-        if not reads:
-            raise Done
-        answer = reads.pop(0)
-        if isinstance(answer, RPCError):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(_EventReader, "_read", read)
+    scripted_reads(monkeypatch, reads)
     assert await offsets_read(FakeClient()) == [0]
 
 
