@@ -1262,11 +1262,11 @@ class AgentWorkflow:
         return self._versions.marked(CLOCK_FREE_COMMANDS_PATCH)
 
     def _start_counters_timer(self, now: datetime) -> None:
-        """A timer for the changed counters' upsert, SEARCH_ATTRIBUTE_INTERVAL
-        after the last upsert (carried across continue-as-new, so a run
-        continued as new every few seconds still publishes them). Whether
-        there is one depends on state alone; its length on the clock, which
-        no replay checks."""
+        """A timer after which the changed counters may be upserted,
+        SEARCH_ATTRIBUTE_INTERVAL after the last upsert (carried across
+        continue-as-new, so a run continued as new every few seconds still
+        publishes them). Whether there is one depends on state alone; its
+        length on the clock, which no replay checks."""
         if self._counters_timer is not None:
             return
         published_at = self._session.published_at
@@ -1274,10 +1274,16 @@ class AgentWorkflow:
         self._counters_timer = asyncio.create_task(self._counters_after(max(left, MIN_TIMER)))
 
     async def _counters_after(self, left: timedelta) -> None:
+        """The interval has passed: the counters go with the next sync (a
+        tool's or the model call's start or end, a turn's end, a status
+        change), not now. A workflow task of the timer's alone makes no
+        command: one that did (the upsert) was ordered after an update the
+        same task took in by the worker that ran it, and before it by a
+        replay, when that worker had taken the task over from a killed one
+        (temporalio 1.35.0; a crash audit: nondeterminism, a wedge)."""
         await workflow.sleep(left, summary="the counters' search attributes")
         self._counters_timer = None
         self._counters_due = True
-        self._sync_search_attributes()
 
 
 async def _outcome_of(hook: Awaitable[Any]) -> tuple[Any, BaseException | None]:
