@@ -85,12 +85,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream
     from workflows.versions import Versions
 
-# Stream items kept when continuing as new; older offsets read from the
-# oldest item kept.
 MAX_MODEL_NAME_CHARS = 10_000
 """The longest model name ``configure`` takes (refused by its validator)."""
 MAX_REASON_CHARS = 10_000
 """The longest approval reason ``approve_tool`` takes (refused by its validator)."""
+# Stream items kept when continuing as new; older offsets read from the
+# oldest item kept.
 STREAM_ITEMS_CARRIED = 2000
 IDLE_ITEMS_CARRIED = 200
 # History length past which an idle conversation continues as new.
@@ -262,7 +262,7 @@ class AgentWorkflow:
     def __init__(self, *args: Any) -> None:
         self._bindings = WorkflowBindings()
         self._input_error: str | None = None
-        self._counters_timer: asyncio.Task[None] | None = None  # COUNTERS_BY_TIMER_PATCH
+        self._counters_timer: asyncio.Task[None] | None = None  # CLOCK_FREE_COMMANDS_PATCH
         self._counters_due = False  # its interval has passed since the last upsert
         self._counters_clock_read = False  # this run's first search-attribute sync came
         self._strict_input_error: str | None = None  # refused only by runs with the patch
