@@ -1085,10 +1085,19 @@ def _wire(message: Message | list[Message]) -> Any:
 #   because a signal arrived while it was completing a continue-as-new
 #   (cause UnhandledCommand); the task is retried and the workflow goes on.
 # - UNAVAILABLE "workflow update was aborted" and other transport blips.
-# - DEADLINE_EXCEEDED "Timeout expired": a read (a query) no worker answered
-#   in time, while workers were killed and started (a crash audit's reader
-#   stopped there, mid-conversation).
+# - "Timeout expired" (DEADLINE_EXCEEDED, or CANCELLED as the client's own
+#   deadline reports it): a read (a query) no worker answered in time, while
+#   workers were killed and started (a crash audit's reader stopped there,
+#   mid-conversation; twice).
 _TRANSIENT = (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+
+
+def _transient(err: RPCError) -> bool:
+    return err.status in _TRANSIENT or (
+        err.status == RPCStatusCode.CANCELLED and "timeout expired" in (err.message or "").lower()
+    )
+
+
 # Retries in a row without a new event before the error is the caller's:
 # 0.1 s doubling to 2 s, about 25 s in all.
 MAX_RETRIES = 15
@@ -1207,7 +1216,7 @@ async def follow(
     showed tokens no sooner to a reader while doubling the reads
     (bench/README.md).
 
-    A poll that fails transiently (see ``_TRANSIENT``) is made again from the
+    A poll that fails transiently (see ``_transient``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after
     ``MAX_RETRIES`` failures in a row the error is raised, unless the server
     did not answer at all (``_unanswered``): that poll is made again, every
@@ -1236,7 +1245,7 @@ async def follow(
                 await asyncio.sleep(_backoff(unanswered))
                 unanswered = min(unanswered + 1, MAX_RETRIES)
                 continue
-            if err.status not in _TRANSIENT or failures >= MAX_RETRIES:
+            if not _transient(err) or failures >= MAX_RETRIES:
                 raise
             await asyncio.sleep(_backoff(failures))
             failures += 1

@@ -140,12 +140,16 @@ async def test_transient_failures_are_counted_in_a_row_not_in_all(monkeypatch: p
     assert await offsets_read(FakeClient()) == list(range(6))
 
 
-async def test_a_read_no_worker_answered_in_time_is_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("code", [RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED])
+async def test_a_read_no_worker_answered_in_time_is_made_again(
+    monkeypatch: pytest.MonkeyPatch, code: RPCStatusCode
+) -> None:
     """While workers were killed and started, a read (a query) ran past its
-    deadline: the reader raised "Timeout expired" and stopped mid-conversation."""
+    deadline: the reader raised "Timeout expired" and stopped mid-conversation
+    (the client's own deadline reports it as CANCELLED)."""
     monkeypatch.setattr(client, "_backoff", lambda failures: 0.0)
     reads: list[Any] = [
-        RPCError("Timeout expired", RPCStatusCode.DEADLINE_EXCEEDED, b""),
+        RPCError("Timeout expired", code, b""),
         PollResult([item(0, {"type": "turn_start"})], 1, True),
     ]
     scripted_reads(monkeypatch, reads)
