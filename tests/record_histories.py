@@ -539,6 +539,23 @@ async def sequential_hook_view(
     return handle
 
 
+async def counters_timer(client: Client, server: ScriptedModelServer, model: str) -> WorkflowHandle[Any, Any]:
+    """A tool longer than SEARCH_ATTRIBUTE_INTERVAL: the counters' timer
+    fires while it runs and the counters go with the tool's end
+    (clock-free-commands; before, the upsert waited for the clock)."""
+    server.script(
+        model,
+        [
+            {"tool_calls": [call("w1", "slow", seconds=10.5, steps=2)]},
+            {"tool_calls": [call("w2", "echo", text="after")]},
+            {"text": "done"},
+        ],
+    )
+    handle = await start(client, model, prompt="wait", closeWhenIdle=True)
+    await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -566,6 +583,7 @@ SCENARIOS: dict[str, Scenario] = {
     "close_mid_run": close_mid_run,
     "reset_counters": reset_counters,
     "sequential_hook_view": sequential_hook_view,
+    "counters_timer": counters_timer,
 }
 
 

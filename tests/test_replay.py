@@ -88,6 +88,9 @@ def _stem(path: Path) -> str:
 
 LATEST = {"sequential_hook_view"}
 """Scenarios recorded only from v17 on (their old paths in v17)."""
+NEWEST = {"counters_timer"}
+"""Scenarios recorded only by the current version (clock-free-commands: a
+path no earlier version had)."""
 LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"} | LATEST
 """Scenarios recorded only from v15 on (their old paths in v15), and the latest."""
 
@@ -116,11 +119,13 @@ def test_there_are_recorded_histories() -> None:
         "close_mid_run",  # a close while a tool runs: the counters at the end
         "reset_counters",  # a reset: the counters at once
         "sequential_hook_view",  # a hook handed its sequential batch's earlier result
+        "counters_timer",  # the counters' timer fires during a long tool
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
+        *NEWEST,
         "hook_approval_no_reason",
         "approval_configure",
         "hook_abort",
@@ -136,7 +141,7 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V4}
     # Every scenario, recorded before the hold-switch-for-idle-waiters patch
     # too (its old path: the waiter told to ask again at each switch).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "approval_configure",
@@ -153,7 +158,7 @@ def test_there_are_recorded_histories() -> None:
     # continue-after-app-message and strict-start-input patches too
     # (their old paths: the early signal dropped, the run ran in full; the
     # follow-up run as the prompt; the unknown key ignored).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "approval_configure",
@@ -166,7 +171,7 @@ def test_there_are_recorded_histories() -> None:
     # tool-argument-bytes patches too (their old paths: completed by
     # closeWhenIdle, the status left `idle`; a batch's tools all scheduled at
     # once, whatever their arguments' size).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "long_tool_batch",
@@ -176,7 +181,7 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V7}
     # Every scenario, recorded before the abort-over-stop patch too (its old
     # path changes events, not commands: tests/test_agent_loop.py runs it).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "long_tool_batch",
@@ -186,7 +191,7 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V8}
     # Every scenario, recorded before the tool-batch-in-parts patch too (its
     # old path: all 1,001 calls of long_tool_batch in one workflow task).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "abort_before_switch",
@@ -195,7 +200,7 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V9}
     # Every scenario, recorded before drop-carried-publishers too (its old
     # path: the late deltas published in the next run).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "abort_before_switch",
@@ -204,7 +209,7 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V10}
     # Every scenario, recorded before await-aborted-model-call too (its old
     # path: abort_before_switch continued as new before its call ended).
-    assert {_stem(p) for p in CURRENT} - {
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
         *LATER,
         "hook_approval_no_reason",
         "hook_abort",
@@ -212,25 +217,29 @@ def test_there_are_recorded_histories() -> None:
     } <= {_stem(p) for p in V11}
     # Every scenario, recorded before abortable-hooks too (its old path:
     # hook_abort's abort waited for the hook's timer to fire).
-    assert {_stem(p) for p in CURRENT} - {*LATER, "hook_approval_no_reason", "approval_configure"} <= {
-        _stem(p) for p in V12
-    }
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {
+        *LATER,
+        "hook_approval_no_reason",
+        "approval_configure",
+    } <= {_stem(p) for p in V12}
     # Every scenario, recorded before approval-timeout-follows-configure too
     # (its old path: approval_configure's call waited on and was approved).
-    assert {_stem(p) for p in CURRENT} - {*LATER, "hook_approval_no_reason"} <= {_stem(p) for p in V13}
+    assert ({_stem(p) for p in CURRENT} - NEWEST) - {*LATER, "hook_approval_no_reason"} <= {
+        _stem(p) for p in V13
+    }
     # Recorded before approval-without-reason (its old path: the call ran unasked).
     assert {_stem(p) for p in V14} == {"hook_approval_no_reason"}
     # Recorded before strict-override-flags and search-attribute-counters-now
     # (their old paths: the text's truth ended the run; the counters left behind).
     assert {_stem(p) for p in V15} == LATER - LATEST
     # Every scenario, recorded with the twelfth combined marker (agent-2026-12-k).
-    assert {_stem(p) for p in V16} == {_stem(p) for p in CURRENT} - LATEST
+    assert {_stem(p) for p in V16} == ({_stem(p) for p in CURRENT} - NEWEST) - LATEST
     # Every scenario, recorded with the thirteenth (agent-2026-12-l), and the
     # old path of hooks-see-batch-start (the hook saw the result and blocked).
-    assert {_stem(p) for p in V17} == {_stem(p) for p in CURRENT}
+    assert {_stem(p) for p in V17} == ({_stem(p) for p in CURRENT} - NEWEST)
     # Every scenario, recorded with the fourteenth (agent-2026-12-m): the
     # counters and approval deadlines decided by the clock.
-    assert {_stem(p) for p in V18} == {_stem(p) for p in CURRENT}
+    assert {_stem(p) for p in V18} == ({_stem(p) for p in CURRENT} - NEWEST)
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
