@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from activities.context_store import ContextMissing, ContextStore, Manifest
 from activities.events import ActivityEventPublisher, attempt_budget
 from activities.heartbeat import heartbeating
-from activities.model_http import ChatPoster, Chunks, NotAnEventStream
+from activities.model_http import ChatPoster, Chunks, NotAnEventStream, stream_error
 from activities.openai_chat import (
     ConversionMemo,
     StreamAssembler,
@@ -350,22 +350,16 @@ async def _whole_answer(stream: Chunks, assembler: StreamAssembler) -> AsyncIter
             if data:
                 chunk = json.loads(data)
                 if isinstance(chunk, dict) and chunk.get("error"):
-                    raise _error_event(chunk["error"], response) from None
+                    raise stream_error(chunk["error"], response) from None
                 yield chunk
         return
     if isinstance(body, dict) and body.get("error"):
-        raise _error_event(body["error"], response)
+        raise stream_error(body["error"], response)
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         keys = ", ".join(map(str, body)) if isinstance(body, dict) else type(body).__name__
         raise ValueError(f"the server answered JSON that is no chat completion ({keys[:200]})")
     assembler.done = True
     yield completion_as_chunk(body)
-
-
-def _error_event(error: Any, response: Any) -> openai.APIError:
-    """The error an answer's body holds, as the stream would raise it."""
-    message = error.get("message") if isinstance(error, dict) else error
-    return openai.APIError(str(message), response.request, body=error)
 
 
 class _ModelMetrics:

@@ -304,7 +304,7 @@ class ChunkStream:
                             stray = (stray + b"\n" + line if stray else line)[:2000]
                         continue  # id, retry, comments and other fields: not used
                     if errors:
-                        raise _stream_error(_error_value(b"\n".join(errors)), response)
+                        raise stream_error(_error_value(b"\n".join(errors)), response)
                     if not data:
                         event = b""
                         continue
@@ -318,21 +318,21 @@ class ChunkStream:
                         value = _error_value(text.encode())
                         if isinstance(value, dict) and value.get("error"):
                             value = value["error"]
-                        raise _stream_error(value, response)
+                        raise stream_error(value, response)
                     event = b""
                     chunk = json.loads(text)
                     if isinstance(chunk, dict) and chunk.get("error"):
-                        raise _stream_error(chunk["error"], response)
+                        raise stream_error(chunk["error"], response)
                     yielded = True
                     yield chunk
             if errors:  # the body ended right after them
-                raise _stream_error(_error_value(b"\n".join(errors)), response)
+                raise stream_error(_error_value(b"\n".join(errors)), response)
             if rest and not yielded and len(stray) < 2000:  # a last line without its line end
                 stray = (stray + b"\n" + b"".join(rest) if stray else b"".join(rest))[:2000]
             if stray and not yielded:
                 value = _error_value(stray)
                 if isinstance(value, dict) and value.get("error"):
-                    raise _stream_error(value["error"], response)
+                    raise stream_error(value["error"], response)
                 said = " ".join(stray.decode("utf-8", "replace").split())
                 raise NotAnEventStream(said, response.request, body=None)
         except timeout_exceptions() as err:
@@ -363,9 +363,10 @@ def _error_value(raw: bytes) -> Any:
         return text
 
 
-def _stream_error(error: Any, response: Any) -> openai.APIError:
-    """``openai.APIError`` for an ``error`` chunk, as openai's stream raises
-    it; an error given as text (``{"error": "..."}``) keeps its text."""
+def stream_error(error: Any, response: Any) -> openai.APIError:
+    """``openai.APIError`` for an ``error`` chunk (or a whole answer's
+    ``error``), as openai's stream raises it; an error given as text
+    (``{"error": "..."}``) keeps its text."""
     message = error.get("message") if isinstance(error, dict) else error
     if not message or not isinstance(message, str):
         message = "An error occurred during streaming"
