@@ -422,10 +422,8 @@ def _classify(
             scrub(f"Could not reach the model server: {_reason_of(err)}", secrets), type="ModelUnreachable"
         )
     if isinstance(err, NotAnEventStream):
-        return ApplicationError(
-            _clip(scrub(f"The model server's answer is no event stream: {err.message}", secrets)),
-            type="ModelStreamError",
-        )
+        text = _clip(scrub(f"The model server's answer is no event stream: {err.message}", secrets), 340)
+        return ApplicationError(f"{text}{_ROOT_HINT}", type="ModelStreamError")
     if isinstance(err, openai.APIError):
         return _stream_error(err, secrets, streaming=streaming)
     if isinstance(err, StreamEndedEarly):
@@ -450,7 +448,7 @@ def _error_detail(err: openai.APIStatusError) -> str:
     says nothing more names the setting to check."""
     said = _said(err.body)
     if err.status_code == 404 and not (isinstance(err.body, dict) and err.body.get("message")):
-        said = f"{said or 'Not Found'} (is OPENAI_BASE_URL the API's root? It usually ends in /v1)"
+        said = f"{said or 'Not Found'}{_ROOT_HINT}"
     return said or err.message
 
 
@@ -498,21 +496,30 @@ def _stream_error(
     permanent = (status is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS) or any(
         words in lowered for words in _PERMANENT_WORDS
     )
-    return ApplicationError(
-        _clip(
-            scrub(
-                f"The model server sent an error mid-answer: {said}"
-                if streaming
-                else f"The model server answered with an error: {said}",
-                secrets,
-            )
-        ),
-        type="ModelStreamError",
-        non_retryable=permanent,
+    text = scrub(
+        f"The model server sent an error mid-answer: {said}"
+        if streaming
+        else f"The model server answered with an error: {said}",
+        secrets,
     )
+    if not streaming and any(words in lowered for words in _WRONG_ENDPOINT_WORDS):
+        # A whole answer that says the path is wrong (LM Studio answers 200
+        # "Unexpected endpoint or method."): no attempt will find another.
+        return ApplicationError(
+            f"{_clip(text, 340)}{_ROOT_HINT}", type="ModelStreamError", non_retryable=True
+        )
+    return ApplicationError(_clip(text), type="ModelStreamError", non_retryable=permanent)
 
 
 _PERMANENT_WORDS = ("context_length_exceeded", "context length", "invalid_request_error", "badrequesterror")
+_WRONG_ENDPOINT_WORDS = (
+    "unexpected endpoint",
+    "unknown endpoint",
+    "invalid endpoint",
+    "no route",
+    "unknown url",
+)
+_ROOT_HINT = " (is OPENAI_BASE_URL the API's root? It usually ends in /v1)"
 
 
 def _retry_after(response: Any) -> timedelta | None:

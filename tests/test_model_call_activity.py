@@ -106,7 +106,13 @@ def test_a_stream_error_says_whether_it_came_mid_answer_without_class_names() ->
     )
     assert not ended.non_retryable
     page = _classify(NotAnEventStream("<html>Not here</html>", MODEL_REQUEST, body=None))
-    assert page.message == "The model server's answer is no event stream: <html>Not here</html>"
+    assert page.message == (
+        "The model server's answer is no event stream: <html>Not here</html>"
+        " (is OPENAI_BASE_URL the API's root? It usually ends in /v1)"
+    )
+    long_page = _classify(NotAnEventStream("x" * 2000, MODEL_REQUEST, body=None))
+    assert long_page.message.endswith("\u2026 (is OPENAI_BASE_URL the API's root? It usually ends in /v1)")
+    assert len(long_page.message) <= 400
     said = openai.APIError("This model's maximum context length is 4096 tokens", MODEL_REQUEST, body="x")
     assert _classify(said, streaming=True).message.startswith("The model server sent an error mid-answer: ")
     whole = _classify(said, streaming=False)

@@ -202,6 +202,21 @@ async def test_llama_cpps_error_line_ends_the_run_with_its_text_not_retries(stac
     assert len(stack.requests()) == 1
 
 
+async def test_lm_studios_wrong_endpoint_answer_names_the_setting_and_is_not_retried(stack: Stack) -> None:
+    """LM Studio answers a path it does not serve with 200 and a JSON error:
+    it was retried five times, and nothing said to check OPENAI_BASE_URL."""
+    body = json.dumps({"error": "Unexpected endpoint or method. (POST /chat/completions)"})
+    stack.script({"fault": {"kind": "raw", "body": body}}, {"text": "never used"})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    last = (await handle.result()).messages[-1]
+    assert last.stop_reason == "error"
+    assert last.error_message == (
+        "The model server answered with an error: Unexpected endpoint or method. (POST /chat/completions)"
+        " (is OPENAI_BASE_URL the API's root? It usually ends in /v1)"
+    )
+    assert len(stack.requests()) == 1
+
+
 async def test_an_answer_ended_by_done_without_a_finish_reason_is_whole(stack: Stack) -> None:
     """A server that never sends `finish_reason` but ends with `[DONE]`:
     the whole answer was streamed five times, then ended as an error."""
