@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import re
 import shutil
+import signal
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, cast
@@ -293,7 +295,7 @@ class ChatSession:
             except KeyboardInterrupt:
                 line = None
             try:
-                if not await self._act(line):
+                if not await self._act_until_ctrl_c(line):
                     return
             except (Refused, StoppedWaiting) as err:
                 self._say(f"✗ {err}", "red")
@@ -311,6 +313,45 @@ class ChatSession:
                     )
                 else:
                     self._say(f"✗ {err.message}{': not sent' if unsent else ''}", "red")
+
+    async def _act_until_ctrl_c(self, line: str | None) -> bool:
+        """``_act``, which Ctrl-C stops without leaving the chat (it left
+        the chat, an audit): a request waiting for a worker is waited for no
+        more (what it sent is kept), and the next Ctrl-C leaves. Acting on a
+        Ctrl-C is not stopped: a second one leaves, as before."""
+        if line is None or self._piped or threading.current_thread() is not threading.main_thread():
+            return await self._act(line)
+        loop = asyncio.get_running_loop()
+        interrupted = False
+
+        async def act() -> bool:
+            try:
+                return await self._act(line)
+            except asyncio.CancelledError as err:
+                if interrupted and isinstance(err.__cause__, StoppedWaiting):
+                    raise err.__cause__ from None  # says what was sent and kept
+                raise
+
+        acting = asyncio.ensure_future(act())
+
+        def stop_waiting(*_: Any) -> None:
+            nonlocal interrupted
+            interrupted = acting.cancel()
+            loop.call_soon_threadsafe(lambda: None)  # wakes the loop up from its wait for I/O
+
+        previous = signal.signal(signal.SIGINT, stop_waiting)
+        try:
+            return await acting
+        except (StoppedWaiting, asyncio.CancelledError) as err:
+            current = asyncio.current_task()
+            if not interrupted or (current is not None and current.cancelling()):
+                raise  # the server stopped answering, or the chat is ending
+            self._aborting = True  # the next Ctrl-C leaves
+            said = err if isinstance(err, StoppedWaiting) else "Stopped waiting."
+            self._say(f"✗ {said} (Ctrl-C again leaves the chat)", "red")
+            return True
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     async def _answered_or_waiting_for_approval(self) -> None:
         """Until no run is active, or one waits for a person's decision: no

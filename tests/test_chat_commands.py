@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import signal
 from typing import Any
 
 import pytest
@@ -482,3 +483,59 @@ async def test_an_abort_with_nothing_queued_says_nothing_of_queues(
     chat = _chat(_Fake(status="running"))
     assert await chat._act("/abort")
     assert "queued" not in capsys.readouterr().out
+
+
+def _waiting_for_a_worker(fake: _Fake, request: str, name: str) -> None:
+    """The update ``request`` (``send_prompt``, ``configure``) waits for a
+    worker that never comes, and the user presses Ctrl-C meanwhile;
+    cancelled, it raises as the client does."""
+
+    async def waits(*args: Any, **kwargs: Any) -> None:
+        fake.sent.append((name, *args))
+        asyncio.get_running_loop().call_later(0.05, signal.raise_signal, signal.SIGINT)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as err:
+            raise err from StoppedWaiting(
+                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it."
+            )
+
+    setattr(fake, request, waits)
+
+
+async def _read_until_left(chat: ChatSession) -> None:
+    """``_read_lines`` with Ctrl-C handled as ``asyncio.run`` handles it
+    outside the chat's own handler: the main task is cancelled (the chat left)."""
+    reading = asyncio.ensure_future(chat._read_lines())
+    previous = signal.signal(signal.SIGINT, lambda *_: reading.cancel())
+    try:
+        await asyncio.wait_for(reading, 5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+async def test_ctrl_c_while_a_request_waits_for_a_worker_stops_the_wait_and_the_chat_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No worker runs: Ctrl-C after "prompt has waited 5 s for a worker"
+    left the whole chat (an audit). It stops the wait only."""
+    fake = _Fake(status="idle")
+    _waiting_for_a_worker(fake, "send_prompt", "prompt")
+    chat = _chat(fake)
+    _typed(chat, "hello", "/followup later", "/quit")
+    await _read_until_left(chat)
+    assert fake.sent == [("prompt", "hello"), ("follow_up", "later")]
+    out = capsys.readouterr().out
+    assert "✗ Stopped waiting for prompt: what was sent is kept" in out
+    assert "(Ctrl-C again leaves the chat)" in out
+
+
+async def test_a_second_ctrl_c_after_a_stopped_wait_leaves_the_chat() -> None:
+    """The first Ctrl-C stopped the wait: the next one leaves, as the second
+    Ctrl-C does, even with a run active (nothing is aborted)."""
+    fake = _Fake(status="running")
+    _waiting_for_a_worker(fake, "configure", "configure")
+    chat = _chat(fake)
+    _typed(chat, "/model m-2", KeyboardInterrupt, "never read")
+    await _read_until_left(chat)
+    assert fake.sent == [("configure",)]
