@@ -50,8 +50,8 @@ from console.render import EventRenderer, skipped_note, terminal_safe
 from runtime.settings import Settings
 
 HELP = """\
-Type a message to start a run; while a run is active it steers it
-(injected before the next model call).
+Type a message to start a run; while a run is active (the prompt reads
+`steer ›`) it steers it (injected before the next model call).
   /followup TEXT         queue TEXT for when the agent would otherwise stop
   /abort                 abort the active run (or Ctrl-C)
   /stop                  end the active run after the current turn
@@ -68,7 +68,8 @@ Type a message to start a run; while a run is active it steers it
   /help                  this help
   /quit                  leave; the conversation stays alive (or Ctrl-D)"""
 
-_PROMPT = FormattedText([("bold", "› ")])
+_PROMPT = FormattedText([("bold", "› ")])  # Enter starts a run
+_STEER_PROMPT = FormattedText([("bold magenta", "steer › ")])  # Enter steers the active run
 _CONVERSATION_ENDED = "The conversation has ended."  # the stream's end, told as it ended
 _BUSY = ("running", "awaiting-approval")
 _QUEUES = {"steering": "steering", "followup": "followUp", "follow-up": "followUp", "all": "all"}
@@ -140,6 +141,7 @@ class ChatSession:
         self._renderer: EventRenderer | None = None
         self._notes = Console()  # prints to sys.stdout as it is at the time: the patched one
         self._aborting = False
+        self._run_active = False  # as the events tell it: the prompt says whether Enter steers
         self._shown_up_to = 0  # the offset of the next event to show
         self._sent = False  # a line was sent from here
         self._approvals: dict[str, PendingApproval] = {}  # oldest first
@@ -187,6 +189,7 @@ class ChatSession:
                 )
                 self._renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
                 self._say(f"conversation {conversation_id} · /help lists the commands")
+                self._run_active = state is not None and state.status in _BUSY
                 self._renderer.render_transcript([m.model_dump(mode="json") for m in transcript])
                 if state is not None and state.streaming_message is not None:
                     # The answer streaming now began before state.event_offset.
@@ -245,11 +248,14 @@ class ChatSession:
         self._say(skipped_note(first, next_offset))
 
     def _observe(self, event: dict[str, Any]) -> None:
-        """Render an event and keep the list of calls waiting for approval."""
+        """Render an event; keep whether a run is active and which calls
+        wait for approval."""
         assert self._renderer is not None
         self._renderer.render(event)
         kind = event.get("type")
-        if kind == "tool_approval_request":
+        if kind == "agent_start":
+            self._run_active = True
+        elif kind == "tool_approval_request":
             try:
                 approval = PendingApproval.model_validate(event)
             except ValidationError:  # not as the workflow publishes it (the renderer noted it)
@@ -261,6 +267,7 @@ class ChatSession:
             gone = self._approvals.pop(event.get("toolCallId", ""), None)
             self._no_longer_waiting = gone or self._no_longer_waiting
         elif kind == "agent_end":
+            self._run_active = False
             if self._approvals:
                 self._no_longer_waiting = next(reversed(self._approvals.values()))
             self._approvals.clear()
@@ -413,9 +420,10 @@ class ChatSession:
         return True
 
     def _prompt_message(self) -> AnyFormattedText:
-        """The input prompt, below the line being streamed (if any); while a
-        tool call waits for approval, it names the one ``y``/``n`` decides."""
-        prompt: AnyFormattedText = _PROMPT
+        """The input prompt, below the line being streamed (if any): ``steer ›``
+        while a run is active (Enter steers it), ``›`` when Enter starts one;
+        while a tool call waits for approval, it names the one ``y``/``n`` decides."""
+        prompt: AnyFormattedText = _STEER_PROMPT if self._run_active else _PROMPT
         if self._approvals:
             oldest = next(iter(self._approvals.values()))
             more = f", +{len(self._approvals) - 1} more" if len(self._approvals) > 1 else ""

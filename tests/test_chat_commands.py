@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 import pytest
+from prompt_toolkit.formatted_text import fragment_list_to_text, to_formatted_text
 from rich.console import Console
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -161,6 +162,27 @@ async def test_stop_ends_the_run_after_its_turn_instead_of_aborting_it(
     assert await chat._act("/stop")
     assert fake.sent == [("stop_after_turn",)]
     assert "the run ends after the current turn" in capsys.readouterr().out
+
+
+def _prompt_text(chat: ChatSession) -> str:
+    return fragment_list_to_text(to_formatted_text(chat._prompt_message()))
+
+
+def test_the_prompt_says_enter_steers_while_a_run_is_active() -> None:
+    """The same `›` showed whether Enter would start a run or steer one (an audit)."""
+    chat = _chat(_Fake())
+    assert _prompt_text(chat) == "› "
+    chat._observe({"type": "agent_start"})
+    assert _prompt_text(chat) == "steer › "
+    chat._observe({"type": "agent_end", "messages": []})
+    assert _prompt_text(chat) == "› "
+
+
+def test_the_approval_question_takes_the_place_of_the_steer_prompt() -> None:
+    chat = _chat(_Fake())
+    chat._observe({"type": "agent_start"})
+    chat._observe(_request("c1"))
+    assert _prompt_text(chat) == "approve x (c1)? y/n › "
 
 
 # --- queues ----------------------------------------------------------------------
