@@ -60,6 +60,7 @@ Type a message to start a run; while a run is active (the prompt reads
   /thinking [LEVEL]      show or change the thinking level (off, minimal, low, medium, high, xhigh)
   /tools [a,b]           show or change the tools the model may call
   /clear [steering|followUp|all]   take queued messages back into the input line
+                         (follow-ups as a /followup line, after the steering ones)
   /reset                 clear transcript, queues and usage (not during a run)
   y | n [REASON]         decide the oldest tool call waiting for approval
   /approve [CALL_ID]     approve a waiting tool call (default: the oldest)
@@ -149,7 +150,9 @@ class ChatSession:
         # from here (decided elsewhere, timed out, its run ended): a bare
         # y/n typed next was meant for it, not for the model.
         self._no_longer_waiting: PendingApproval | None = None
-        self._restore = ""  # text for the next input line (messages taken back by /clear)
+        # Text for the next input lines, one at a time: what /clear took back,
+        # or a line the server did not take.
+        self._restore: list[str] = []
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
             "/followup": self._follow_up,
             "/abort": self._abort,
@@ -279,7 +282,7 @@ class ChatSession:
         """Read lines and act on them until the user leaves."""
         while True:
             line: str | None
-            default, self._restore = self._restore, ""
+            default = self._restore.pop(0) if self._restore else ""
             try:
                 if self._piped:
                     line = await _piped_line()
@@ -313,7 +316,7 @@ class ChatSession:
                 # a decision) depends on the conversation when it is sent.
                 unsent = (line or "").strip()
                 if unsent and not self._piped:
-                    self._restore = unsent
+                    self._restore.insert(0, unsent)
                     self._say(
                         f"✗ {err.message}: not sent; it is back in the input line (Enter sends it again)",
                         "red",
@@ -495,19 +498,33 @@ class ChatSession:
         self._say("the run ends after the current turn")
 
     async def _clear(self, argument: str) -> None:
-        """Take queued messages out of the queues and into the input line."""
+        """Take queued messages out of the queues and back into the input
+        line, a queue at a time (joined, they were resent as one steer, the
+        follow-ups' kind lost): the steering messages as a line that Enter
+        sends as typed, then the follow-ups as a ``/followup`` line."""
         which = _QUEUES.get((argument or "all").lower())
         if which is None:
             self._say("Usage: /clear [steering|followUp|all]", "yellow")
             return
-        removed = await self._conversation.clear_queues(which)
-        if not removed:
+        taken: list[str] = []
+        for queue in ("steering", "followUp") if which == "all" else (which,):
+            removed = await self._conversation.clear_queues(queue)
+            if not removed:
+                continue
+            text = " ".join(_message_text(message) for message in removed)  # the input line is single-line
+            if queue == "steering":
+                self._restore.append(text)
+                taken.append(_count(len(removed), "steering message"))
+            else:
+                self._restore.append(f"/followup {text}")
+                taken.append(f"{_count(len(removed), 'follow-up')} (as /followup)")
+        if not taken:
             self._say("Nothing was queued.")
             return
-        texts = [_message_text(message) for message in removed]
-        self._restore = " ".join(texts)  # one line: the input line is single-line
-        count = _count(len(removed), "queued message")
-        self._say(f"took {count} back into the input line: edit, then Enter sends them as one message")
+        said = " and ".join(
+            [f"{taken[0]} back into the input line", *(f"{t} into the next one" for t in taken[1:])]
+        )
+        self._say(f"took {said}: edit, then Enter sends each line as one message")
 
     async def _reset(self, _: str) -> None:
         await self._conversation.reset()

@@ -18,7 +18,7 @@ from console.chat import ChatSession, _describe
 from console.render import EventRenderer
 from tests.support.recording_conversation import RecordingConversation
 from workflows.contract import SessionState
-from workflows.models import Usage
+from workflows.models import Usage, UserMessage
 
 
 def _state(**fields: Any) -> SessionState:
@@ -45,7 +45,7 @@ class _Fake(RecordingConversation):
     def __init__(self, **state: Any) -> None:
         super().__init__()
         self.current = _state(**state)
-        self.queued: list[Any] = []
+        self.queued: dict[str, list[UserMessage]] = {"steering": [], "followUp": []}
 
     async def state(self) -> SessionState:
         return self.current
@@ -56,9 +56,12 @@ class _Fake(RecordingConversation):
     async def approve(self, call_id: str, approved: bool, reason: str | None) -> None:
         self.sent.append(("approve", call_id, approved, reason))
 
-    async def clear_queues(self, which: str) -> list[Any]:
+    async def clear_queues(self, which: str) -> list[UserMessage]:
         self.sent.append(("clear_queues", which))
-        removed, self.queued = self.queued, []
+        removed: list[UserMessage] = []
+        for queue in ("steering", "followUp") if which == "all" else (which,):
+            removed += self.queued[queue]
+            self.queued[queue] = []
         return removed
 
     async def configure(self, **settings: Any) -> SessionState:
@@ -204,7 +207,38 @@ async def test_clear_with_nothing_queued_says_so_and_restores_nothing(
     chat = _chat(fake)
     assert await chat._act("/clear")
     assert "Nothing was queued." in capsys.readouterr().out
-    assert chat._restore == ""
+    assert chat._restore == []
+
+
+async def test_clear_brings_back_steering_and_follow_ups_as_lines_that_resend_them_as_they_were(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both queues came back joined into one line, sent as one steer: the
+    follow-ups lost their kind (an audit). The steering messages come back
+    as the input line, the follow-ups as a `/followup` line after it."""
+    fake = _Fake(status="running")
+    fake.queued = {
+        "steering": [UserMessage(content="steer one"), UserMessage(content="steer two")],
+        "followUp": [UserMessage(content="later one")],
+    }
+    chat = _chat(fake)
+    defaults = _typed(chat, "/clear", "steer one steer two (edited)", "/followup later one", "/quit")
+    await chat._read_lines()
+    assert defaults == ["", "steer one steer two", "/followup later one", ""]
+    assert fake.sent[-2:] == [("steer", "steer one steer two (edited)"), ("follow_up", "later one")]
+    said = " ".join(capsys.readouterr().out.split())  # as one line, however the console wrapped it
+    assert (
+        "took 2 steering messages back into the input line and 1 follow-up (as /followup) into the next one"
+        in said
+    )
+
+
+async def test_clear_of_follow_ups_alone_brings_them_back_as_a_followup_line() -> None:
+    fake = _Fake(status="running")
+    fake.queued["followUp"] = [UserMessage(content="later one")]
+    chat = _chat(fake)
+    assert await chat._act("/clear followUp")
+    assert chat._restore == ["/followup later one"]
 
 
 # --- settings --------------------------------------------------------------------

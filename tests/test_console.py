@@ -729,9 +729,12 @@ async def test_chat_settings_commands_apply_to_the_next_model_call(stack: Stack)
 
 
 async def test_chat_clear_takes_queued_messages_back_into_the_input_line(stack: Stack) -> None:
+    """The steering message comes back as the input line, the follow-up as
+    a `/followup` line after it: each is sent again as what it was."""
     stack.script(
         {"tool_calls": [{"id": "call_slow", "name": "slow", "arguments": {"seconds": 6}}]},
         {"text": "got the edited steer"},
+        {"text": "and the follow-up"},
     )
     child, workflow_id = await start_chat(stack)
     conversation = Conversation.attach(stack.client, workflow_id)
@@ -743,16 +746,20 @@ async def test_chat_clear_takes_queued_messages_back_into_the_input_line(stack: 
     child.send("/followup later one\r")
     await expect(child, "» follow-up queued: later one")
     child.send("/clear\r")
-    await expect(child, "took 2 queued messages back into the input line")
+    await expect(child, "took 1 steering message back into the input line")
     cleared = await conversation.state()
     child.send(" (edited)\r")  # the cursor is at the end of the restored text
-    await expect(child, "» steer: steer one")
+    await expect(child, "» steering: steer one (edited)")
+    child.send("\r")  # the next input line holds the follow-up
+    await expect(child, "» follow-up queued: later one")
     await expect(child, "got the edited steer")
+    await expect(child, "» follow-up: later one")
+    await expect(child, "and the follow-up")
     await leave(child, workflow_id)
 
     assert (cleared.steering_queue, cleared.follow_up_queue) == (0, 0)
     messages = await conversation.messages()
-    assert user_texts(messages) == ["run the slow tool", "steer one later one (edited)"]
+    assert user_texts(messages) == ["run the slow tool", "steer one (edited)", "later one"]
 
 
 async def test_chat_reset_is_refused_during_a_run_and_clears_the_conversation_after(stack: Stack) -> None:
