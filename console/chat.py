@@ -357,7 +357,13 @@ class ChatSession:
             if not interrupted or (current is not None and current.cancelling()):
                 raise  # the server stopped answering, or the chat is ending
             self._aborting = True  # the next Ctrl-C leaves
-            said = err if isinstance(err, StoppedWaiting) else "Stopped waiting."
+            if isinstance(err, StoppedWaiting):
+                said = str(err)
+            else:
+                # A read (the state, asked before a line is sent) was waited
+                # for: the line was not sent, and is not lost either.
+                said = "Stopped waiting: not sent; it is back in the input line."
+                self._restore.insert(0, line.strip())
             self._say(f"✗ {said} (Ctrl-C again leaves the chat)", "red")
             return True
         finally:

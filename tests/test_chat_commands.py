@@ -595,3 +595,27 @@ async def test_a_second_ctrl_c_after_a_stopped_wait_leaves_the_chat() -> None:
     _typed(chat, "/model m-2", KeyboardInterrupt, "never read")
     await _read_until_left(chat)
     assert fake.sent == [("configure",)]
+
+
+async def test_ctrl_c_while_the_state_is_read_before_a_line_is_sent_puts_the_line_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The chat reads the state (waiting for a worker to answer it) before
+    it sends a line: stopped then, the line was not sent, and is back in the
+    input line."""
+    fake = _Fake(status="idle")
+    state = fake.state
+
+    async def waits() -> SessionState:
+        fake.state = state  # type: ignore[method-assign]
+        asyncio.get_running_loop().call_later(0.05, signal.raise_signal, signal.SIGINT)
+        await asyncio.Event().wait()
+        raise AssertionError("not reached")
+
+    fake.state = waits  # type: ignore[method-assign]
+    chat = _chat(fake)
+    defaults = _typed(chat, " hello ", "/quit")
+    await _read_until_left(chat)
+    assert fake.sent == []
+    assert defaults == ["", "hello"]
+    assert "✗ Stopped waiting: not sent; it is back in the input line." in capsys.readouterr().out
