@@ -141,8 +141,15 @@ class LlmActivities:
         # Heartbeats from the start: loading a stored context (S3) and the
         # worker's context transform may take seconds before the request
         # goes out, and the heartbeat timeout counts from the start.
-        async with heartbeating():
-            return await self._answer(request, info, poster)
+        try:
+            async with heartbeating():
+                return await self._answer(request, info, poster)
+        except Exception as err:
+            if not info.is_local and not (isinstance(err, ApplicationError) and err.non_retryable):
+                # Its last heartbeat's details reach the next attempt, whose
+                # message_retry event says why (the SDK sends it before the failure).
+                activity.heartbeat(info.attempt, _failure_reason(err))
+            raise
 
     async def _answer(self, request: LlmRequest, info: activity.Info, poster: ChatPoster) -> LlmResult:
         stored, context = await self._context_of(request)
@@ -153,7 +160,9 @@ class LlmActivities:
         metrics = _ModelMetrics(request.model)
         async with publisher as events:
             if info.attempt > 1:
-                events.publish(MessageRetryEvent(attempt=info.attempt), flush=True)
+                events.publish(
+                    MessageRetryEvent(attempt=info.attempt, reason=_retry_reason(info)), flush=True
+                )
             try:
                 try:
                     await _stream(poster, params, assembler, events, info.attempt)
@@ -433,6 +442,22 @@ def _classify(
     return ApplicationError(
         scrub(f"The model's stream broke: {type(err).__name__}: {err}", secrets), type="ModelStreamBroken"
     )
+
+
+def _failure_reason(err: Exception) -> str:
+    """Why an attempt failed, as the next attempt's ``message_retry`` says:
+    the classified failure's sentence (scrubbed of secrets), else only the
+    exception's type (its text was not scrubbed)."""
+    return err.message if isinstance(err, ApplicationError) else type(err).__name__
+
+
+def _retry_reason(info: activity.Info) -> str:
+    """Why the attempt before this one failed: its last heartbeat's reason
+    (``_failure_reason``), or, when it sent none, that it did not report."""
+    details = info.heartbeat_details
+    if len(details) == 2 and details[0] == info.attempt - 1 and isinstance(details[1], str):
+        return details[1]
+    return "the last attempt did not report: its worker stopped, or it ran out of time"
 
 
 def _reason_of(err: openai.APIConnectionError) -> str:

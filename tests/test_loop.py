@@ -422,7 +422,11 @@ async def test_every_retried_attempt_is_marked_even_one_that_fails_at_once(stack
     )
     handle = await stack.start(prompt="hi", closeWhenIdle=True)
     events = await stack.events(handle.id)
-    assert [e["attempt"] for e in events if e["type"] == "message_retry"] == [2, 3]
+    retries = [e for e in events if e["type"] == "message_retry"]
+    assert [e["attempt"] for e in retries] == [2, 3]
+    # Each says why the attempt before it failed (the chat prints it).
+    assert retries[0]["reason"].startswith("The model's stream broke off mid-answer: ")
+    assert retries[1]["reason"].startswith("The model server answered 500")
     assert (await handle.result()).messages[-1].text == "complete answer"
 
 
