@@ -457,7 +457,7 @@ def _retry_reason(info: activity.Info) -> str:
     details = info.heartbeat_details
     if len(details) == 2 and details[0] == info.attempt - 1 and isinstance(details[1], str):
         return details[1]
-    return "the last attempt did not report: its worker stopped, or it ran out of time"
+    return "its worker stopped, or it ran out of time"
 
 
 def _reason_of(err: openai.APIConnectionError) -> str:
