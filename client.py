@@ -790,6 +790,11 @@ class Conversation:
         while True:
             try:
                 return await self.handle.query(name, result_type=result_type, rpc_timeout=QUERY_WAIT)
+            except WorkflowQueryFailedError as err:
+                if not _replayed_differently(err) or failures >= _FAILING_TASK_RETRIES:
+                    raise
+                await asyncio.sleep(_backoff(failures))
+                failures += 1
             except RPCError as err:
                 failing = _task_failing(err)
                 if failing and failures >= _FAILING_TASK_RETRIES:
@@ -1103,6 +1108,14 @@ def _transient(err: RPCError) -> bool:
 MAX_RETRIES = 15
 
 
+def _replayed_differently(err: WorkflowQueryFailedError) -> bool:
+    """A query answered by a worker whose replay of the history failed
+    (nondeterminism): during a rolling upgrade, an old worker asked about a
+    run the new code made. Another worker may answer it (an upgrade audit:
+    readers ended while old workers still polled)."""
+    return "[TMPRL1100]" in (err.message or "")
+
+
 def _unanswered(err: RPCError) -> bool:
     """The server did not answer: it is down or restarting, or the
     connection broke under a call in flight (tonic's "transport error",
@@ -1216,7 +1229,8 @@ async def follow(
     showed tokens no sooner to a reader while doubling the reads
     (bench/README.md).
 
-    A poll that fails transiently (see ``_transient``) is made again from the
+    A poll that fails transiently (see ``_transient``, and a read a worker
+    could not replay for, ``_replayed_differently``) is made again from the
     next offset not yet yielded, so no event is lost or repeated; after
     ``MAX_RETRIES`` failures in a row the error is raised, unless the server
     did not answer at all (``_unanswered``): that poll is made again, every
@@ -1240,7 +1254,13 @@ async def follow(
                     on_skipped(*skipped)
                 yield item
             return
-        except RPCError as err:
+        except (RPCError, WorkflowQueryFailedError) as err:
+            if isinstance(err, WorkflowQueryFailedError):
+                if not _replayed_differently(err) or failures >= MAX_RETRIES:
+                    raise
+                await asyncio.sleep(_backoff(failures))
+                failures += 1
+                continue
             if _unanswered(err):  # not counted: polled again until the server answers
                 await asyncio.sleep(_backoff(unanswered))
                 unanswered = min(unanswered + 1, MAX_RETRIES)

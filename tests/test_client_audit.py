@@ -367,6 +367,32 @@ async def test_a_query_to_a_failing_workflow_task_is_asked_again_then_refused(
     assert asked == client._FAILING_TASK_RETRIES + 1
 
 
+async def test_a_query_a_worker_could_not_replay_for_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a rolling upgrade an old worker could not replay a run the new
+    code made: `state` was refused at once, though the next worker to take
+    the query answers it (an upgrade audit). Asked again for ~3 s, then the
+    refusal names the failure as before."""
+    monkeypatch.setattr(client, "_backoff", lambda failures: 0.0)
+    fake = FakeClient()
+    asked = 0
+
+    async def old_worker_first() -> Any:
+        nonlocal asked
+        asked += 1
+        if asked < 3:
+            raise WorkflowQueryFailedError("[TMPRL1100] Nondeterminism error: Non-deprecated patch marker")
+        return {"status": "idle"}
+
+    fake.handle.query_as = old_worker_first
+    assert await bare_conversation(fake)._query("state", dict) == {"status": "idle"}
+    assert asked == 3
+
+    fake.handle.query_as = WorkflowQueryFailedError("[TMPRL1100] Nondeterminism error: for good")
+    fake.handle.describe_as = SimpleNamespace(status=WorkflowExecutionStatus.RUNNING)
+    with pytest.raises(Refused, match=r"a worker could not read its state: \[TMPRL1100\] Nondeterminism"):
+        await bare_conversation(fake).state()
+
+
 def session_state(message_count: int) -> SessionState:
     return SessionState(
         status="idle",

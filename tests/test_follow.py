@@ -16,7 +16,12 @@ import temporalio.converter
 from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.enums.v1 import PendingActivityState, PendingWorkflowTaskState
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.contrib.workflow_streams._types import _encode_payload, _WorkflowStreamWireItem
 from temporalio.exceptions import ApplicationError
@@ -154,6 +159,29 @@ async def test_a_read_no_worker_answered_in_time_is_made_again(
     ]
     scripted_reads(monkeypatch, reads)
     assert await offsets_read(FakeClient()) == [0]
+
+
+async def test_a_read_a_worker_could_not_replay_for_is_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a rolling upgrade an old worker answered a read of a run the
+    new code made with a nondeterminism error: the reader ended (an upgrade
+    audit). Another worker answers the next read; other query failures are
+    still the caller's."""
+    monkeypatch.setattr(client, "_backoff", lambda failures: 0.0)
+    old_worker = WorkflowQueryFailedError("[TMPRL1100] Nondeterminism error: Non-deprecated patch marker ...")
+
+    def replay_fails(reader: _EventReader) -> Any:
+        raise old_worker
+
+    reads: list[Any] = [replay_fails, replay_fails, PollResult([item(0, {"type": "turn_start"})], 1, True)]
+    scripted_reads(monkeypatch, reads)
+    assert await offsets_read(FakeClient()) == [0]
+
+    def unreadable(reader: _EventReader) -> Any:
+        raise WorkflowQueryFailedError("A payload is too large on this worker")
+
+    scripted_reads(monkeypatch, [unreadable, PollResult([item(0, {"type": "turn_start"})], 1, True)])
+    with pytest.raises(WorkflowQueryFailedError):
+        await offsets_read(FakeClient())
 
 
 @pytest.mark.parametrize(
