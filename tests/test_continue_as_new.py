@@ -5,12 +5,20 @@ nothing sent during a switch is lost."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
-from temporalio.client import WorkflowExecutionStatus
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.worker import Replayer
 
-from client import WORKFLOW_TASK_TIMEOUT, follow
+from client import WORKFLOW_TASK_TIMEOUT, follow, start_conversation
+from runtime.payloads import data_converter_from_env
+from runtime.sandbox import workflow_runner
 from tests.support.stack import EventLog, Stack, outline
+from workflows.agent import AgentWorkflow
+from workflows.bindings import BindingsInterceptor, WorkflowBindings
 from workflows.models import EventAdapter
 
 TURNS = 300
@@ -166,6 +174,76 @@ async def test_every_model_call_of_every_run_has_the_workers_time_limit(stack: S
     stack.model_server.script(stack.model, long_script(3))
     handle = await stack.start(prompt="count", closeWhenIdle=True, continueAsNewAfterTurns=1)
     await handle.result()
+    assert await model_call_limits(stack, handle) == [1500.0] * 3
+
+
+async def test_a_run_carrying_no_time_limit_reads_the_workers_again(
+    stack: Stack, worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation whose first run recorded no limit (started before the
+    setting, or continued as new by a worker of that release during a
+    rollout: an upgrade audit) kept the workflow's 10 minutes in every later
+    run. Its next run reads the worker's limit again, and records why."""
+    from activities.session import SessionActivities
+    from runtime.settings import Settings
+    from worker import build_worker
+
+    asked = 0
+
+    @activity.defn(name="session_defaults")
+    async def defaults_of_an_older_worker_first(self: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        return (
+            self._defaults.model_copy(update={"model_call_timeout": None}) if asked == 1 else self._defaults
+        )
+
+    monkeypatch.setattr(SessionActivities, "session_defaults", defaults_of_an_older_worker_first)
+    queue = f"limit-again-{uuid.uuid4().hex[:6]}"
+    stack.model_server.script(stack.model, long_script(3))
+    async with build_worker(stack.client, Settings.from_env(worker_env, task_queue=queue)):
+        handle = await start_conversation(
+            stack.client,
+            f"limit-again-{uuid.uuid4().hex[:8]}",
+            {"model": stack.model, "prompt": "count", "closeWhenIdle": True, "continueAsNewAfterTurns": 1},
+            task_queue=queue,
+        )
+        await handle.result()
+    assert await model_call_limits(stack, handle) == [600.0, 1500.0, 1500.0]
+    assert asked == 2  # the second run read it again; the third carried it
+    histories = await run_histories(stack, handle)
+    patches = [
+        [
+            e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
+            for e in history.events
+            if e.marker_recorded_event_attributes.marker_name == "core_patch"
+        ]
+        for history in histories
+    ]
+    asked_again = [any(b"model-call-limit-again" in data for data in run) for run in patches]
+    assert asked_again[:2] == [False, True] and not any(asked_again[2:])
+    for history in histories:  # each run replays as it ran
+        await Replayer(
+            workflows=[AgentWorkflow],
+            data_converter=data_converter_from_env(),
+            workflow_runner=workflow_runner(),
+            interceptors=[BindingsInterceptor(WorkflowBindings())],
+        ).replay_workflow(history)
+
+
+async def run_histories(stack: Stack, handle: Any) -> list[WorkflowHistory]:
+    histories: list[WorkflowHistory] = []
+    run_id = handle.first_execution_run_id or handle.run_id
+    while True:
+        histories.append(await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history())
+        last = histories[-1].events[-1]
+        if not last.HasField("workflow_execution_continued_as_new_event_attributes"):
+            return histories
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+
+
+async def model_call_limits(stack: Stack, handle: Any) -> list[float]:
+    """The start-to-close timeout of each model call, over every run, in order."""
     limits: list[float] = []
     run_id = handle.first_execution_run_id or handle.run_id
     while True:
@@ -180,4 +258,4 @@ async def test_every_model_call_of_every_run_has_the_workers_time_limit(stack: S
         if not last.HasField("workflow_execution_continued_as_new_event_attributes"):
             break
         run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-    assert len(limits) >= 3 and set(limits) == {1500.0}
+    return limits

@@ -193,6 +193,13 @@ CARRIED_COUNTERS_TIME_PATCH = "carried-counters-time"
 # upsert due in the replay only failed every later task (nondeterminism), and
 # the conversation wedged. Read by the combined marker only (no marker asked).
 CLOCK_FREE_COMMANDS_PATCH = "clock-free-commands"
+# A run whose carry has no model-call time limit reads the worker's again
+# (the session_defaults local activity), as the conversation's first run did.
+# Before this patch such a run took the workflow's 10 minutes for good: a
+# conversation started before the limit was recorded, or one a worker of that
+# release continued as new during a rollout (an upgrade audit). Asked only by
+# such a run of this version (its own marker), so no other run records it.
+MODEL_CALL_LIMIT_AGAIN_PATCH = "model-call-limit-again"
 # A start input setting past 2**53 - 1 fails the start, as `configure` refuses
 # it; before this patch it was taken (and `state` reported it back as given).
 START_INPUT_SAFE_INTEGERS_PATCH = "start-input-safe-integers"
@@ -434,6 +441,14 @@ class AgentWorkflow:
             session.track_subscribers = defaults.track_subscribers
             session.model_call_timeout = defaults.model_call_timeout
             settings.model = settings.model or defaults.model
+        elif (
+            session.declared is not None
+            and session.model_call_timeout is None
+            and self._versions.current
+            and workflow.patched(MODEL_CALL_LIMIT_AGAIN_PATCH)
+        ):
+            # Only the limit: the tools and the rest stay as the conversation recorded them.
+            session.model_call_timeout = (await self._calls.session_defaults()).model_call_timeout
         elif session.declared is None:
             session.declared = dict(self._bindings.legacy_tools)
         self._refuse_unknown_tools()
