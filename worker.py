@@ -204,6 +204,21 @@ async def missing_search_attributes(client: Client, namespace: str) -> list[str]
     return [name for name in SEARCH_ATTRIBUTES if name not in response.custom_attributes]
 
 
+QUIET_LOGGERS = ("botocore.credentials", "aiobotocore.credentials", "httpx", "httpx2")
+
+
+def configure_logging(settings: Settings) -> None:
+    """The worker's log at ``AGENT_LOG_LEVEL``; below DEBUG without the
+    lines of libraries that say little and may say too much: botocore's
+    "Found credentials in environment variables." at each start, and the
+    HTTP client's "HTTP Request: POST <url>" for every model call, whose
+    URL holds OPENAI_BASE_URL's password when it has one (a security audit)."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    if settings.log_level != "DEBUG":
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 @contextlib.contextmanager
 def core_threads(settings: Settings, environ: MutableMapping[str, str] = os.environ) -> Iterator[str]:
     """How many threads the SDK's Rust core runs (its RPCs, polls and
@@ -306,10 +321,7 @@ def main(argv: list[str] | None = None) -> None:
             tool_modules=(*settings.tool_modules, *flagged),  # flags add to AGENT_TOOLS
             metrics_port=settings.metrics_port if args.metrics_port is None else args.metrics_port,
         )
-        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
-        if settings.log_level != "DEBUG":  # "Found credentials in environment variables." at each start
-            for name in ("botocore.credentials", "aiobotocore.credentials"):
-                logging.getLogger(name).setLevel(logging.WARNING)
+        configure_logging(settings)
         asyncio.run(run_worker(settings))
     except (ServerUnreachable, ToolModuleError, SettingsError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)

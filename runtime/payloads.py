@@ -572,6 +572,10 @@ def data_converter(settings: Settings) -> DataConverter:
     )
 
 
+# The metadata key that marks a payload as a stored payload's reference (the
+# SDK's ``_extstore._REFERENCE_MARKER_KEY``; anyone can set it on a signal).
+_REFERENCE_MARKER_KEY = "__temporal_external_storage_reference"
+
 _SHARED_CONVERTERS: dict[tuple[type, type], tuple[PayloadConverter, FailureConverter]] = {}
 _STORE_CONTEXTS_KEPT = 256
 
@@ -601,6 +605,35 @@ class AgentDataConverter(DataConverter):
         object.__setattr__(self, "_store_bound", {})
         # Whether any part makes use of a context; known at the first ask.
         object.__setattr__(self, "_takes_context", None)
+
+    async def _decode_reference_payload_sequence(self, payloads: Sequence[Payload]) -> list[Payload]:
+        # The SDK's private step (both the stock passes and runtime/payload_walk.py call it): it
+        # raised on a payload marked as a stored payload's reference that decodes to none, failing
+        # every workflow task of a conversation that anyone who may signal had sent one (TMPRL1106,
+        # a security audit). Such a payload is refused instead: a signal carrying it is dropped.
+        try:
+            return await super()._decode_reference_payload_sequence(payloads)
+        except RuntimeError as err:
+            if "[TMPRL1106]" not in str(err):
+                raise  # TMPRL1105, no storage here: held until the worker has the store's settings
+        return [await self._one_reference(payload) for payload in payloads]
+
+    async def _one_reference(self, payload: Payload) -> Payload:
+        try:
+            [decoded] = await super()._decode_reference_payload_sequence([payload])
+            return decoded
+        except RuntimeError as err:
+            if "[TMPRL1106]" not in str(err):
+                raise
+        if self.payload_codec:  # why its codec did not make a reference of it (a key missing, ...)
+            inner = Payload()
+            inner.CopyFrom(payload)
+            del inner.metadata[_REFERENCE_MARKER_KEY]
+            del inner.external_payloads[:]
+            [decoded] = await self.payload_codec.decode([inner])
+            if refused_reason(decoded) is not None:
+                return decoded
+        return refused_payload("is marked as a reference to a stored payload, but is none")
 
     async def _external_retrieve_payload_sequence(self, payloads: Sequence[Payload]) -> list[Payload]:
         # The SDK's private step (both the stock passes and runtime/payload_walk.py call it).

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 GRPC_COMPRESSIONS = ("gzip", "none")
 MAX_MODEL_CALL_SECONDS = 7 * 86_400
@@ -374,7 +375,13 @@ class Settings:
 
     def known_secrets(self) -> tuple[str, ...]:
         """The secret values this process holds, to scrub from error texts verbatim."""
-        values = (self.openai_api_key, self.temporal_api_key, self.codec_token, self.aws_secret_access_key)
+        values = (
+            self.openai_api_key,
+            self.temporal_api_key,
+            self.codec_token,
+            self.aws_secret_access_key,
+            *_url_secrets(self.openai_base_url),
+        )
         # Every way a key may be written (taken in standard or URL-safe
         # base64, with or without padding): a URL-safe one in a file a tool
         # read went to the model (a security audit).
@@ -564,3 +571,22 @@ def _key_bytes(encoded: str, name: str) -> bytes:
             f"{name} must be {KEY_BYTES} random bytes in base64 (make one with `openssl rand -base64 32`)."
         )
     return key
+
+
+_KEY_PARAMETERS = re.compile(r"(?i)(?:^|[-_])(?:key|token|secret|password|sig|signature)$")
+
+
+def _url_secrets(url: str | None) -> tuple[str, ...]:
+    """The secrets a URL carries: its password (``http://user:PASSWORD@host``)
+    and the values of query parameters named as keys (``?api-key=...``, as
+    Azure's endpoints take one). A security audit found the password in the
+    bare text of a model server's error."""
+    if not url:
+        return ()
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return ()
+    keys = [value for name, value in parse_qsl(parts.query) if _KEY_PARAMETERS.search(name)]
+    return tuple(v for v in (password, *keys) if v)

@@ -561,6 +561,21 @@ async def test_a_malformed_reference_gets_a_4xx_not_a_store_failure(
     assert_one_sentence(status, text, 422, "Payload 0")
 
 
+async def test_a_payload_marked_as_a_reference_that_is_none_gets_a_422(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A plain payload marked as a stored payload's reference (anyone may
+    mark a signal so): the store was blamed with a 502 (a security audit)."""
+    converter = worker_converter(monkeypatch, tmp_path)
+    marked = payload(b'"hello"')
+    marked.metadata["__temporal_external_storage_reference"] = b"true"
+
+    async with serving(build_app(converter, CodecSettings())) as url:
+        status, text = await Endpoint(url).call("decode", as_json([marked]))
+
+    assert_one_sentence(status, text, 422, "is marked as a reference to a stored payload, but is none")
+
+
 async def test_a_request_of_too_many_payloads_is_refused_at_once(codec: LocalCodec) -> None:
     """One /decode of 600,000 tiny payloads (36 MiB, under the body limit)
     took 25 s of the server's one thread, and held every other request (the

@@ -884,6 +884,32 @@ async def test_a_reference_to_a_payload_the_workers_cannot_find_is_refused_not_f
     assert "refers to a stored payload that is gone" in str(failed.value.cause)
 
 
+async def test_a_payload_marked_as_a_reference_that_is_none_is_refused_not_fatal(stack: Stack) -> None:
+    """Anyone who may signal can mark a plain payload as a stored payload's
+    reference (`temporal workflow signal --input-meta
+    __temporal_external_storage_reference=true`): the SDK raised on it
+    (TMPRL1106) before any handler ran, so every workflow task failed for
+    good, across worker restarts (a security audit). Now a signal carrying
+    it is dropped and an update refused, and the conversation goes on."""
+    marked = RawValue(
+        Payload(
+            metadata={"encoding": b"json/plain", "__temporal_external_storage_reference": b"true"},
+            data=b'"hello"',
+        )
+    )
+    handle = await stack.start()
+    for name in ("steer", "follow_up", "abort"):
+        await handle.signal(name, marked)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("prompt", marked)
+    assert "is marked as a reference to a stored payload, but is none" in str(refused.value.cause)
+    await still_answers(stack, handle)
+    assert (await state(stack, handle)).steering_queue == 0
+    await handle.signal("close", marked)  # dropped too: the conversation is still open
+    await still_answers(stack, handle, "and still")
+    await handle.signal("close")
+
+
 def now() -> int:
     return 42
 

@@ -21,6 +21,7 @@ from temporalio.client import Client
 from temporalio.service import GrpcCompression
 
 from activities.llm import LlmActivities
+from activities.redact import scrub
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
 from testbed.local_stack import ROOT, DevServer, free_port
@@ -529,6 +530,25 @@ def test_each_secret_setting_is_scrubbed_from_error_texts(variable: str, field: 
     assert secret in Settings.from_env({variable: secret}).known_secrets()
 
 
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("http://user:Pa55wordXyz@127.0.0.1:8090/v1", "Pa55wordXyz"),
+        ("https://me.openai.azure.com/openai/v1?api-version=2024-10&api-key=abcd1234efgh", "abcd1234efgh"),
+    ],
+)
+def test_a_secret_in_the_model_servers_url_is_scrubbed_from_error_texts(url: str, secret: str) -> None:
+    """A password in OPENAI_BASE_URL reached a conversation's history in the
+    bare text of a model server's error (a security audit)."""
+    settings = Settings.from_env({"OPENAI_BASE_URL": url})
+    assert secret in settings.known_secrets()
+    assert scrub(f"rejected pw={secret}", settings.known_secrets()) == "rejected pw=[redacted]"
+    assert (
+        Settings.from_env({"OPENAI_BASE_URL": "http://127.0.0.1:8090/v1?api-version=2024"}).known_secrets()
+        == ()
+    )
+
+
 def test_an_encryption_key_is_scrubbed_in_every_way_it_may_be_written() -> None:
     key = bytes(range(250, 256)) + bytes(range(26))  # '+' and '/' in standard base64
     standard = base64.b64encode(key).decode()
@@ -872,3 +892,20 @@ def test_a_worker_without_an_api_key_says_so_when_it_starts(
     worker = start_worker(env, [], log)
     stop_process(worker)
     assert "warning: OPENAI_API_KEY is not set: every model call this worker makes fails" in log.read_text()
+
+
+def test_the_worker_log_leaves_out_the_url_of_each_model_request() -> None:
+    """The HTTP client logged "HTTP Request: POST http://user:PASSWORD@..."
+    at INFO for every model call (a security audit); at DEBUG it still does."""
+    from worker import QUIET_LOGGERS, configure_logging
+
+    before = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    try:
+        configure_logging(Settings.from_env({"LOG_LEVEL": "INFO"}))
+        assert not any(logging.getLogger(name).isEnabledFor(logging.INFO) for name in ("httpx", "httpx2"))
+        logging.getLogger("httpx2").setLevel(logging.NOTSET)
+        configure_logging(Settings.from_env({"LOG_LEVEL": "DEBUG"}))
+        assert logging.getLogger("httpx2").level == logging.NOTSET  # asked for DEBUG: everything
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
