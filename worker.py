@@ -208,7 +208,7 @@ QUIET_LOGGERS = ("botocore.credentials", "aiobotocore.credentials", "httpx", "ht
 
 
 def configure_logging(settings: Settings) -> None:
-    """The worker's log at ``AGENT_LOG_LEVEL``; below DEBUG without the
+    """The worker's log at ``LOG_LEVEL``; below DEBUG without the
     lines of libraries that say little and may say too much: botocore's
     "Found credentials in environment variables." at each start, and the
     HTTP client's "HTTP Request: POST <url>" for every model call, whose
