@@ -976,6 +976,16 @@ def test_a_user_message_without_a_timestamp_is_stamped_when_it_arrives() -> None
     assert isinstance(stamped, UserMessage) and stamped.timestamp == 7
 
 
+@pytest.mark.parametrize("timestamp", [-99999999999999999999999, 99999999999999999999, 2**53])
+def test_a_timestamp_no_javascript_reader_takes_exactly_is_stamped_when_it_arrives(timestamp: int) -> None:
+    """A security audit's follow_up with timestamp -10**22 sat in the
+    transcript as sent, past what the UI or a pi client reads exactly."""
+    message = prompt_message({"role": "user", "content": "hi", "timestamp": timestamp}, now)
+    assert isinstance(message, UserMessage) and message.timestamp == 42
+    edge = prompt_message({"role": "user", "content": "hi", "timestamp": 2**53 - 1}, now)
+    assert isinstance(edge, UserMessage) and edge.timestamp == 2**53 - 1
+
+
 def test_an_application_message_is_taken_and_one_with_an_empty_role_refused() -> None:
     message = prompt_message({"role": "note", "content": "kept, not sent to the model"}, now)
     assert isinstance(message, CustomMessage) and message.role == "note"

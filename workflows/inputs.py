@@ -100,6 +100,9 @@ def prompt_messages(
     return [prompt_message(payload, now_ms)]
 
 
+MAX_SAFE_INTEGER = 2**53 - 1  # JavaScript's: a JSON reader in the UI or a pi client reads past it inexactly
+
+
 def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
     """One prompt, steer or follow-up payload as a message."""
     if isinstance(payload, str):
@@ -127,7 +130,9 @@ def prompt_message(payload: Any, now_ms: Callable[[], int]) -> AgentMessage:
     if isinstance(message, UserMessage):
         if _is_empty(message.content):
             raise InputError("The message has no content: send some text or an image.")
-        if not message.timestamp:
+        if not message.timestamp or abs(message.timestamp) > MAX_SAFE_INTEGER:
+            # None given, or one no JavaScript reader takes exactly (a security
+            # audit sent -10**22): the time it arrived. Data only, no command.
             message = message.model_copy(update={"timestamp": now_ms()})
         return message
     if isinstance(message, CustomMessage):

@@ -25,7 +25,7 @@ from workflows.contract import (
     Status,
     WaitForIdleResult,
 )
-from workflows.inputs import InputError
+from workflows.inputs import MAX_SAFE_INTEGER, InputError
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -41,8 +41,8 @@ QueueSelector = str  # "steering" | "followUp" | "all"
 
 # The most a search attribute holds of what a model reports: an Int attribute is
 # an int64 read through JSON (float64) and the cost a Double; a value past these
-# would fail the upsert, and with it every workflow task of the conversation.
-MAX_SAFE_INTEGER = 2**53 - 1
+# would fail the upsert, and with it every workflow task of the conversation
+# (MAX_SAFE_INTEGER, from workflows.inputs, for the Int ones).
 MAX_COST = 1e15
 # A Keyword attribute holds at most 2 KB of JSON: a longer model name made the
 # server refuse the upsert and terminate the conversation. Names are cut to
