@@ -1255,17 +1255,12 @@ async def follow(
                 yield item
             return
         except (RPCError, WorkflowQueryFailedError) as err:
-            if isinstance(err, WorkflowQueryFailedError):
-                if not _replayed_differently(err) or failures >= MAX_RETRIES:
-                    raise
-                await asyncio.sleep(_backoff(failures))
-                failures += 1
-                continue
-            if _unanswered(err):  # not counted: polled again until the server answers
+            if isinstance(err, RPCError) and _unanswered(err):  # not counted: polled until the server answers
                 await asyncio.sleep(_backoff(unanswered))
                 unanswered = min(unanswered + 1, MAX_RETRIES)
                 continue
-            if not _transient(err) or failures >= MAX_RETRIES:
+            transient = _transient(err) if isinstance(err, RPCError) else _replayed_differently(err)
+            if not transient or failures >= MAX_RETRIES:
                 raise
             await asyncio.sleep(_backoff(failures))
             failures += 1
