@@ -54,6 +54,7 @@ from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.repair import visibility_quoted
 from runtime.settings import Settings
 from workflows.contract import (
     BUSY_ERROR,
@@ -990,15 +991,15 @@ async def list_conversations(
     continued as new has earlier runs too). A conversation that ended
     without closing has the status of its end (``failed``, ``terminated``,
     ``timed-out``, ``cancelled``): its ``AgentStatus`` is where it stopped."""
-    clauses = [f"WorkflowType = {_quoted(WORKFLOW_TYPE)}", "ExecutionStatus != 'ContinuedAsNew'"]
+    clauses = [f"WorkflowType = {visibility_quoted(WORKFLOW_TYPE)}", "ExecutionStatus != 'ContinuedAsNew'"]
     ending = _ENDING_STATUSES.get(status or "")
     if ending is not None:  # ended without closing: by the execution's status, whatever AgentStatus says
         clauses.append(f"ExecutionStatus = '{ending}'")
     elif status is not None:
-        clauses.append(f"AgentStatus = {_quoted(status)}")
+        clauses.append(f"AgentStatus = {visibility_quoted(status)}")
         clauses.append("ExecutionStatus = " + ("'Completed'" if status == "closed" else "'Running'"))
     if model is not None:
-        clauses.append(f"AgentModel = {_quoted(model)}")
+        clauses.append(f"AgentModel = {visibility_quoted(model)}")
     try:
         async for execution in client.list_workflows(" AND ".join(clauses), limit=limit):
             found: TypedSearchAttributes = execution.typed_search_attributes
@@ -1018,10 +1019,6 @@ async def list_conversations(
             "This server does not keep the Agent* search attributes, so it cannot filter by status "
             "or model: register them (the worker prints the command at start-up) or list without filters."
         ) from err
-
-
-def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _check_fork_point(messages: list[AgentMessage], at: int) -> None:
@@ -1464,8 +1461,11 @@ class _EventReader:
                 described = await polled.describe()
             except RPCError:
                 raise err from None
-            if described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
-                return None  # the handle follows the latest run
+            if (
+                described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+                or described.raw_description.workflow_extended_info.reset_run_id
+            ):
+                return None  # the handle follows the latest run (continued, or reset: runtime/repair.py)
             if described.run_id and described.status in _ENDED:
                 self._ended = self._client.get_workflow_handle(self._handle.id, run_id=described.run_id)
                 return None

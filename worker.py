@@ -38,6 +38,7 @@ from activities.tools import ToolSpec, declarations, registered_tools
 from runtime import payload_walk
 from runtime.connect import ServerUnreachable, connect
 from runtime.payloads import blob_store, probe_s3_storage
+from runtime.repair import repair_loop
 from runtime.sandbox import workflow_runner
 from runtime.settings import Settings, SettingsError, comma_separated
 from runtime.telemetry import metrics_runtime, tracing_interceptors
@@ -288,8 +289,13 @@ async def run_worker(settings: Settings) -> None:
         logging.info("%s", what_must_match(settings))
         if settings.metrics_port is not None:
             print(f"metrics: http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
+        # Conversations the SDK core's update fault wedged, reset (runtime/repair.py).
+        repair = repair_loop(client, settings.task_queue, stop) if settings.repair_wedged else None
+        repairs = asyncio.create_task(repair) if repair is not None else None
         await stop.wait()
         logging.info("Shutting down: finishing running activities")
+        if repairs is not None:
+            repairs.cancel()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -125,6 +125,8 @@ class Settings:
     tokio_worker_threads: int | None = None
     """TOKIO_WORKER_THREADS as given (the Rust core reads it from the environment; checked here)."""
     shutdown_grace: float = 5.0
+    repair_wedged: bool = True
+    """AGENT_REPAIR_WEDGED: reset conversations the SDK core's update fault wedged (runtime/repair.py)."""
     log_level: str = "INFO"
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -220,6 +222,7 @@ class Settings:
                 else None
             ),
             shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0, maximum=86_400),
+            repair_wedged=_switch(env, "AGENT_REPAIR_WEDGED", True),
             log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
             metrics_port=_port(env, "AGENT_METRICS_PORT"),
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",

@@ -1,0 +1,185 @@
+"""Conversations wedged by the SDK core's update fault, found and reset.
+
+The fault (temporalio 1.35; sdk-rust #888, closed there unreproduced):
+a workflow task accepted an update (a subscriber's read) and recorded a
+local activity's marker, and the task after it never completed (its
+worker was killed). The next worker replays that task's activation,
+where the update's handler now returns: the core keeps the
+``ProtocolMessageCommand`` of the answer but drops its message, as one
+made while replaying, and the server refuses every workflow task of the
+conversation from then on ("BadUpdateWorkflowExecutionMessage:
+ProtocolMessageCommand referenced absent message ID .../complete").
+``tests/test_repair.py`` makes it happen on purpose.
+
+Nothing in the workflow can avoid it (the answer is the core's to send),
+but a reset heals it: the run is reset to its last completed workflow
+task, so that task's activation runs live again and the answer goes out
+with its message. The server applies the signals and updates the
+conversation received after that point again, so no message is lost; what
+the task had started (a tool call) may run again, as after any crash.
+
+The worker looks for such conversations on its task queue every
+``INTERVAL`` seconds (``AGENT_REPAIR_WEDGED``). The server marks them in
+the ``TemporalReportedProblems`` search attribute after a few failed
+attempts (about 25 s on the dev server); each one is checked from its
+history before it is reset, and claimed first (a workflow id taken once),
+so that two workers never reset it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from datetime import timedelta
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.workflowservice.v1 import (
+    GetWorkflowExecutionHistoryReverseRequest,
+    ResetWorkflowExecutionRequest,
+)
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+INTERVAL = 30.0
+"""Seconds between two looks (with up to a third more at random, so that
+workers on one queue do not look at once)."""
+
+PROBLEM = "cause=WorkflowTaskFailedCauseBadUpdateWorkflowExecutionMessage"
+"""How the server names the fault in ``TemporalReportedProblems``."""
+
+_WEDGE_CAUSE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE
+_CLAIM_TYPE = "AgentRepairClaim"
+
+log = logging.getLogger(__name__)
+
+
+def visibility_quoted(value: str) -> str:
+    """``value`` as a string literal of a visibility (list) query."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def claim_id(run_id: str) -> str:
+    """The workflow id whose start claims the repair of ``run_id``."""
+    return f"agent-repair-{run_id}"
+
+
+def claim_queue(task_queue: str) -> str:
+    """Where claims are started: a queue no worker polls (a claim never runs)."""
+    return f"{task_queue}.repair-claims"
+
+
+async def reset_point(client: Client, workflow_id: str, run_id: str) -> int | None:
+    """The id of the run's last ``WorkflowTaskCompleted`` event when every
+    workflow task since it failed with the fault, else None."""
+    token = b""
+    failed = False  # the newest failure decides; older ones do not matter
+    while True:
+        page = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                maximum_page_size=200,
+                next_page_token=token,
+            ),
+            timeout=timedelta(seconds=30),
+        )
+        for event in page.history.events:  # newest first
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED and not failed:
+                if event.workflow_task_failed_event_attributes.cause != _WEDGE_CAUSE:
+                    return None  # failing for another reason
+                failed = True
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                return event.event_id if failed else None
+        token = page.next_page_token
+        if not token:
+            return None
+
+
+async def repair(client: Client, workflow_id: str, run_id: str, task_queue: str) -> str | None:
+    """Reset one wedged run (checked, then claimed); the new run's id, or
+    None when it is not wedged (any more), not current, or claimed already."""
+    description = await client.get_workflow_handle(workflow_id).describe()
+    if description.run_id != run_id or description.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    point = await reset_point(client, workflow_id, run_id)
+    if point is None:
+        return None
+    try:  # a workflow id is taken once: of several workers, one resets
+        claim = await client.start_workflow(
+            _CLAIM_TYPE,
+            id=claim_id(run_id),
+            task_queue=claim_queue(task_queue),
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            execution_timeout=timedelta(minutes=5),
+            memo={"conversation": workflow_id, "run": run_id, "resetTo": point},
+        )
+    except WorkflowAlreadyStartedError:
+        return None
+    try:
+        response = await client.workflow_service.reset_workflow_execution(
+            ResetWorkflowExecutionRequest(
+                namespace=client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                reason=(
+                    "wedged by the SDK core's update fault (sdk-rust #888): every workflow task failed "
+                    "with BadUpdateWorkflowExecutionMessage; reset by an agent worker"
+                ),
+                workflow_task_finish_event_id=point,
+                request_id=str(uuid.uuid4()),
+            ),
+            timeout=timedelta(seconds=30),
+        )
+    finally:
+        try:  # its record stays: who was reset, to which event
+            await claim.terminate("claim of a repair, done")
+        except Exception:  # it times out by itself
+            pass
+    log.warning(
+        "Conversation %s was wedged by the SDK core's update fault (sdk-rust #888): reset it to its "
+        "workflow task completed at event %d (run %s -> %s). The signals and updates it received "
+        "after that are applied again; a tool call that task started may run again.",
+        workflow_id,
+        point,
+        run_id,
+        response.run_id,
+    )
+    return response.run_id
+
+
+async def repair_wedged(client: Client, task_queue: str, workflow_type: str = "AgentWorkflow") -> list[str]:
+    """Look once: reset each wedged conversation of ``workflow_type`` on
+    ``task_queue``; the ids of those reset."""
+    query = (
+        f"WorkflowType = {visibility_quoted(workflow_type)} AND TaskQueue = {visibility_quoted(task_queue)} "
+        f"AND ExecutionStatus = 'Running' AND TemporalReportedProblems = {visibility_quoted(PROBLEM)}"
+    )
+    repaired = []
+    async for execution in client.list_workflows(query):
+        try:
+            if await repair(client, execution.id, execution.run_id, task_queue):
+                repaired.append(execution.id)
+        except Exception as err:  # the next look tries again
+            log.warning("Could not repair conversation %s: %s", execution.id, err)
+    return repaired
+
+
+async def repair_loop(client: Client, task_queue: str, stop: asyncio.Event) -> None:
+    """``repair_wedged`` every ``INTERVAL`` s or so until ``stop`` is set."""
+    said = False
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), INTERVAL * (1 + random.random() / 3))
+            return
+        except TimeoutError:
+            pass
+        try:
+            await repair_wedged(client, task_queue)
+            said = False
+        except Exception as err:  # e.g. a server without TemporalReportedProblems
+            if not said:
+                log.warning("Could not look for wedged conversations (tries again): %s", err)
+                said = True

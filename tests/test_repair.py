@@ -1,0 +1,195 @@
+"""A conversation wedged by the SDK core's update fault (sdk-rust #888) is
+found and reset by a worker, and goes on (runtime/repair.py).
+
+The fault is made on purpose: a first workflow task answered by hand, as
+the core answered it in a crash audit (an update accepted and a local
+activity's marker recorded, a new task asked for), whose next task then
+times out as a killed worker's would. Every worker that takes the
+workflow after that fails its tasks with BadUpdateWorkflowExecutionMessage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from google.protobuf.any_pb2 import Any as AnyMessage
+from google.protobuf.duration_pb2 import Duration
+from temporalio import activity, workflow
+from temporalio.api.command.v1 import Command, ProtocolMessageCommandAttributes, RecordMarkerCommandAttributes
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.enums.v1 import CommandType, EventType, TaskQueueKind, WorkflowTaskFailedCause
+from temporalio.api.protocol.v1 import Message
+from temporalio.api.sdk.v1 import WorkflowTaskCompletedMetadata
+from temporalio.api.taskqueue.v1 import StickyExecutionAttributes, TaskQueue
+from temporalio.api.update.v1 import Acceptance
+from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest, RespondWorkflowTaskCompletedRequest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.worker import Worker
+
+from runtime.repair import claim_id, repair, repair_wedged
+
+_WEDGED = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE
+
+
+@activity.defn
+async def noop() -> str:
+    return "ok"
+
+
+@workflow.defn(name="RepairProbe", sandboxed=False)
+class RepairProbe:
+    """A local activity, then an update's answer: AgentWorkflow's first
+    steps (``session_defaults``, then a subscriber's read answered)."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    @workflow.run
+    async def run(self) -> str:
+        await workflow.execute_local_activity(noop, start_to_close_timeout=timedelta(seconds=5))
+        self.ready = True
+        await workflow.wait_condition(lambda: workflow.all_handlers_finished())
+        return "finished"
+
+    @workflow.update
+    async def read(self) -> str:
+        await workflow.wait_condition(lambda: self.ready)
+        return "read"
+
+
+def _json(value: object) -> Payload:
+    return Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(value).encode())
+
+
+async def _first_task_as_in_the_crash(client: Client, queue: str) -> None:
+    """Take the workflow's first task and answer it as the core did: the
+    pending update accepted, the local activity's marker recorded, a new
+    task asked for (returned to this "worker", which never answers it)."""
+    service = client.workflow_service
+    task = await service.poll_workflow_task_queue(
+        PollWorkflowTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            identity="killed-worker",
+        )
+    )
+    request = task.messages[0]
+    accept_id = f"{request.id}/accept"
+    body = AnyMessage()
+    body.Pack(
+        Acceptance(
+            accepted_request_message_id=request.id, accepted_request_sequencing_event_id=request.event_id
+        )
+    )
+    now = time.time()
+    stamp = {"seconds": int(now), "nanos": int(now % 1 * 1e9)}
+    marker = {
+        "seq": 1,
+        "attempt": 1,
+        "activity_id": "1",
+        "activity_type": "noop",
+        "complete_time": stamp,
+        "backoff": None,
+        "original_schedule_time": stamp,
+    }
+    await service.respond_workflow_task_completed(
+        RespondWorkflowTaskCompletedRequest(
+            namespace=client.namespace,
+            task_token=task.task_token,
+            identity="killed-worker",
+            commands=[
+                Command(
+                    command_type=CommandType.COMMAND_TYPE_PROTOCOL_MESSAGE,
+                    protocol_message_command_attributes=ProtocolMessageCommandAttributes(message_id=accept_id),
+                ),
+                Command(
+                    command_type=CommandType.COMMAND_TYPE_RECORD_MARKER,
+                    record_marker_command_attributes=RecordMarkerCommandAttributes(
+                        marker_name="core_local_activity",
+                        details={
+                            "data": Payloads(payloads=[_json(marker)]),
+                            "result": Payloads(payloads=[_json("ok")]),
+                        },
+                    ),
+                ),
+            ],
+            messages=[Message(id=accept_id, protocol_instance_id=request.protocol_instance_id, body=body)],
+            force_create_new_workflow_task=True,
+            return_new_workflow_task=True,
+            sticky_attributes=StickyExecutionAttributes(
+                worker_task_queue=TaskQueue(
+                    name=f"{queue}-sticky", kind=TaskQueueKind.TASK_QUEUE_KIND_STICKY, normal_name=queue
+                ),
+                schedule_to_start_timeout=Duration(seconds=1),
+            ),
+            sdk_metadata=WorkflowTaskCompletedMetadata(core_used_flags=[1, 2, 3, 4]),
+        )
+    )
+
+
+async def _events(handle: WorkflowHandle) -> list:
+    return [event async for event in handle.fetch_history_events()]
+
+
+async def _until(condition, seconds: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while True:
+        result = await condition()
+        if result:
+            return result
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.5)
+
+
+@pytest.mark.expect_task_failures("the wedge is made on purpose, then repaired")
+async def test_a_worker_resets_a_conversation_the_update_fault_wedged(client: Client) -> None:
+    queue = f"repair-{uuid.uuid4().hex[:6]}"
+    handle = await client.start_workflow(
+        RepairProbe.run, id=f"repair-{uuid.uuid4().hex[:6]}", task_queue=queue, task_timeout=timedelta(seconds=2)
+    )
+    reading = asyncio.create_task(handle.execute_update(RepairProbe.read))
+    await asyncio.sleep(0.5)  # the update waits for the first task
+    await _first_task_as_in_the_crash(client, queue)
+    wedged_run = (await handle.describe()).run_id
+
+    async with Worker(client, task_queue=queue, workflows=[RepairProbe], activities=[noop]):
+
+        async def wedged() -> bool:
+            return any(
+                event.workflow_task_failed_event_attributes.cause == _WEDGED
+                for event in await _events(client.get_workflow_handle(handle.id, run_id=wedged_run))
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            )
+
+        # If this fails, the SDK's core no longer has the fault: the repair
+        # (runtime/repair.py) can go.
+        await _until(wedged, 30, "the update fault did not wedge the workflow")
+        assert not reading.done()
+
+        # The server marks it after a few failed attempts; a look finds it.
+        async def repaired() -> list[str]:
+            return await repair_wedged(client, queue, workflow_type="RepairProbe")
+
+        assert await _until(repaired, 90, "no look found the wedged workflow") == [handle.id]
+
+        description = await handle.describe()
+        assert description.run_id != wedged_run  # reset: a new run, from the last completed task
+        result = await client.get_workflow_handle(handle.id).result()
+        assert result == "finished"
+        events = await _events(client.get_workflow_handle(handle.id, run_id=description.run_id))
+        kinds = [event.event_type for event in events]
+        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED in kinds  # the read was answered
+        assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED in kinds[:6]  # the reset point's
+        assert kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 1
+
+    # The claim's record says what was done; a second look (another worker's) does nothing.
+    claim = await client.get_workflow_handle(claim_id(wedged_run)).describe()
+    assert claim.status == WorkflowExecutionStatus.TERMINATED
+    assert await repair(client, handle.id, wedged_run, queue) is None
+    assert await repair_wedged(client, queue, workflow_type="RepairProbe") == []
+    reading.cancel()
