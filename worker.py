@@ -290,8 +290,10 @@ async def run_worker(settings: Settings) -> None:
         if settings.metrics_port is not None:
             print(f"metrics: http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
         # Conversations the SDK core's update fault wedged, reset (runtime/repair.py).
-        repair = repair_loop(client, settings.task_queue, stop) if settings.repair_wedged else None
-        repairs = asyncio.create_task(repair) if repair is not None else None
+        repairs = None
+        if settings.repair_wedged:
+            looking = repair_loop(client, settings.task_queue, stop, settings.repair_interval)
+            repairs = asyncio.create_task(looking)
         await stop.wait()
         logging.info("Shutting down: finishing running activities")
         if repairs is not None:

@@ -18,8 +18,8 @@ with its message. The server applies the signals and updates the
 conversation received after that point again, so no message is lost; what
 the task had started (a tool call) may run again, as after any crash.
 
-The worker looks for such conversations on its task queue every
-``INTERVAL`` seconds (``AGENT_REPAIR_WEDGED``). The server marks them in
+The worker looks for such conversations on its task queue every 30 s
+(``AGENT_REPAIR_WEDGED``, ``AGENT_REPAIR_INTERVAL_SECONDS``). The server marks them in
 the ``TemporalReportedProblems`` search attribute after a few failed
 attempts (about 25 s on the dev server); each one is checked from its
 history before it is reset, and claimed first (a workflow id taken once),
@@ -43,10 +43,6 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-
-INTERVAL = 30.0
-"""Seconds between two looks (with up to a third more at random, so that
-workers on one queue do not look at once)."""
 
 PROBLEM = "cause=WorkflowTaskFailedCauseBadUpdateWorkflowExecutionMessage"
 """How the server names the fault in ``TemporalReportedProblems``."""
@@ -167,12 +163,13 @@ async def repair_wedged(client: Client, task_queue: str, workflow_type: str = "A
     return repaired
 
 
-async def repair_loop(client: Client, task_queue: str, stop: asyncio.Event) -> None:
-    """``repair_wedged`` every ``INTERVAL`` s or so until ``stop`` is set."""
+async def repair_loop(client: Client, task_queue: str, stop: asyncio.Event, interval: float) -> None:
+    """``repair_wedged`` every ``interval`` seconds until ``stop`` is set
+    (with up to a third more at random: workers on a queue look apart)."""
     said = False
     while not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), INTERVAL * (1 + random.random() / 3))
+            await asyncio.wait_for(stop.wait(), interval * (1 + random.random() / 3))
             return
         except TimeoutError:
             pass

@@ -127,6 +127,8 @@ class Settings:
     shutdown_grace: float = 5.0
     repair_wedged: bool = True
     """AGENT_REPAIR_WEDGED: reset conversations the SDK core's update fault wedged (runtime/repair.py)."""
+    repair_interval: float = 30.0
+    """AGENT_REPAIR_INTERVAL_SECONDS: how often the worker looks for them."""
     log_level: str = "INFO"
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -223,6 +225,9 @@ class Settings:
             ),
             shutdown_grace=_number(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 5.0, maximum=86_400),
             repair_wedged=_switch(env, "AGENT_REPAIR_WEDGED", True),
+            repair_interval=_number(
+                env, "AGENT_REPAIR_INTERVAL_SECONDS", 30.0, positive=True, maximum=86_400
+            ),
             log_level=(text("LOG_LEVEL", "INFO") or "INFO").upper(),
             metrics_port=_port(env, "AGENT_METRICS_PORT"),
             metrics_host=text("AGENT_METRICS_HOST", "127.0.0.1") or "127.0.0.1",

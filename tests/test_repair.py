@@ -15,23 +15,36 @@ import json
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from google.protobuf.any_pb2 import Any as AnyMessage
 from google.protobuf.duration_pb2 import Duration
 from temporalio import activity, workflow
-from temporalio.api.command.v1 import Command, ProtocolMessageCommandAttributes, RecordMarkerCommandAttributes
+from temporalio.api.command.v1 import (
+    Command,
+    ProtocolMessageCommandAttributes,
+    RecordMarkerCommandAttributes,
+    UpsertWorkflowSearchAttributesCommandAttributes,
+)
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.enums.v1 import CommandType, EventType, TaskQueueKind, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.protocol.v1 import Message
 from temporalio.api.sdk.v1 import WorkflowTaskCompletedMetadata
 from temporalio.api.taskqueue.v1 import StickyExecutionAttributes, TaskQueue
 from temporalio.api.update.v1 import Acceptance
-from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest, RespondWorkflowTaskCompletedRequest
+from temporalio.api.workflowservice.v1 import (
+    PollWorkflowTaskQueueRequest,
+    RespondWorkflowTaskCompletedRequest,
+)
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
+from client import Conversation, follow, start_conversation
 from runtime.repair import claim_id, repair, repair_wedged
+from testbed.local_stack import start_worker, stop_process
+from tests.support.stack import Stack
 
 _WEDGED = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE
 
@@ -66,10 +79,33 @@ def _json(value: object) -> Payload:
     return Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(value).encode())
 
 
-async def _first_task_as_in_the_crash(client: Client, queue: str) -> None:
+def _probe_marker() -> Command:
+    """RepairProbe's ``noop`` local activity's marker, as the core records it."""
+    now = time.time()
+    stamp = {"seconds": int(now), "nanos": int(now % 1 * 1e9)}
+    data = {
+        "seq": 1,
+        "attempt": 1,
+        "activity_id": "1",
+        "activity_type": "noop",
+        "complete_time": stamp,
+        "backoff": None,
+        "original_schedule_time": stamp,
+    }
+    return Command(
+        command_type=CommandType.COMMAND_TYPE_RECORD_MARKER,
+        record_marker_command_attributes=RecordMarkerCommandAttributes(
+            marker_name="core_local_activity",
+            details={"data": Payloads(payloads=[_json(data)]), "result": Payloads(payloads=[_json("ok")])},
+        ),
+    )
+
+
+async def _first_task_as_in_the_crash(client: Client, queue: str, commands: list[Command]) -> None:
     """Take the workflow's first task and answer it as the core did: the
-    pending update accepted, the local activity's marker recorded, a new
-    task asked for (returned to this "worker", which never answers it)."""
+    pending update accepted, then ``commands`` (up to a local activity's
+    marker), a new task asked for (returned to this "worker", which never
+    answers it: it times out)."""
     service = client.workflow_service
     task = await service.poll_workflow_task_queue(
         PollWorkflowTaskQueueRequest(
@@ -86,38 +122,16 @@ async def _first_task_as_in_the_crash(client: Client, queue: str) -> None:
             accepted_request_message_id=request.id, accepted_request_sequencing_event_id=request.event_id
         )
     )
-    now = time.time()
-    stamp = {"seconds": int(now), "nanos": int(now % 1 * 1e9)}
-    marker = {
-        "seq": 1,
-        "attempt": 1,
-        "activity_id": "1",
-        "activity_type": "noop",
-        "complete_time": stamp,
-        "backoff": None,
-        "original_schedule_time": stamp,
-    }
+    accept = Command(
+        command_type=CommandType.COMMAND_TYPE_PROTOCOL_MESSAGE,
+        protocol_message_command_attributes=ProtocolMessageCommandAttributes(message_id=accept_id),
+    )
     await service.respond_workflow_task_completed(
         RespondWorkflowTaskCompletedRequest(
             namespace=client.namespace,
             task_token=task.task_token,
             identity="killed-worker",
-            commands=[
-                Command(
-                    command_type=CommandType.COMMAND_TYPE_PROTOCOL_MESSAGE,
-                    protocol_message_command_attributes=ProtocolMessageCommandAttributes(message_id=accept_id),
-                ),
-                Command(
-                    command_type=CommandType.COMMAND_TYPE_RECORD_MARKER,
-                    record_marker_command_attributes=RecordMarkerCommandAttributes(
-                        marker_name="core_local_activity",
-                        details={
-                            "data": Payloads(payloads=[_json(marker)]),
-                            "result": Payloads(payloads=[_json("ok")]),
-                        },
-                    ),
-                ),
-            ],
+            commands=[accept, *commands],
             messages=[Message(id=accept_id, protocol_instance_id=request.protocol_instance_id, body=body)],
             force_create_new_workflow_task=True,
             return_new_workflow_task=True,
@@ -130,6 +144,45 @@ async def _first_task_as_in_the_crash(client: Client, queue: str) -> None:
             sdk_metadata=WorkflowTaskCompletedMetadata(core_used_flags=[1, 2, 3, 4]),
         )
     )
+
+
+def _commands_up_to_first_local_activity(events: list[HistoryEvent]) -> list[Command]:
+    """The commands a first workflow task recorded, up to and with its first
+    local activity's marker (what the core sent in the crash audit)."""
+    first_task = next(
+        e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    commands = []
+    for event in events:
+        if event.event_id <= first_task:
+            continue
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = event.marker_recorded_event_attributes
+            commands.append(
+                Command(
+                    command_type=CommandType.COMMAND_TYPE_RECORD_MARKER,
+                    record_marker_command_attributes=RecordMarkerCommandAttributes(
+                        marker_name=marker.marker_name, details=marker.details, header=marker.header
+                    ),
+                )
+            )
+            if marker.marker_name == "core_local_activity":
+                return commands
+        elif event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            upsert = event.upsert_workflow_search_attributes_event_attributes
+            commands.append(
+                Command(
+                    command_type=CommandType.COMMAND_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+                    upsert_workflow_search_attributes_command_attributes=UpsertWorkflowSearchAttributesCommandAttributes(
+                        search_attributes=upsert.search_attributes
+                    ),
+                )
+            )
+        else:
+            raise AssertionError(
+                f"the first task recorded {EventType.Name(event.event_type)} before its marker"
+            )
+    raise AssertionError("the first task recorded no local activity")
 
 
 async def _events(handle: WorkflowHandle) -> list:
@@ -150,11 +203,14 @@ async def _until(condition, seconds: float, what: str):  # type: ignore[no-untyp
 async def test_a_worker_resets_a_conversation_the_update_fault_wedged(client: Client) -> None:
     queue = f"repair-{uuid.uuid4().hex[:6]}"
     handle = await client.start_workflow(
-        RepairProbe.run, id=f"repair-{uuid.uuid4().hex[:6]}", task_queue=queue, task_timeout=timedelta(seconds=2)
+        RepairProbe.run,
+        id=f"repair-{uuid.uuid4().hex[:6]}",
+        task_queue=queue,
+        task_timeout=timedelta(seconds=2),
     )
     reading = asyncio.create_task(handle.execute_update(RepairProbe.read))
     await asyncio.sleep(0.5)  # the update waits for the first task
-    await _first_task_as_in_the_crash(client, queue)
+    await _first_task_as_in_the_crash(client, queue, [_probe_marker()])
     wedged_run = (await handle.describe()).run_id
 
     async with Worker(client, task_queue=queue, workflows=[RepairProbe], activities=[noop]):
@@ -193,3 +249,70 @@ async def test_a_worker_resets_a_conversation_the_update_fault_wedged(client: Cl
     assert await repair(client, handle.id, wedged_run, queue) is None
     assert await repair_wedged(client, queue, workflow_type="RepairProbe") == []
     reading.cancel()
+
+
+@pytest.mark.expect_task_failures("the wedge is made on purpose; the worker repairs it")
+async def test_a_wedged_conversation_goes_on_by_itself(
+    stack: Stack, worker_env: dict[str, str], artifacts: Path
+) -> None:
+    """A conversation the fault wedged, with a follow-up queued and a
+    subscriber reading: its worker resets it, the follow-up runs, and the
+    subscriber, which had read from the wedged run, reads the answer."""
+    client = stack.client
+    # What AgentWorkflow's first task records before its first local
+    # activity's marker (session_defaults), from a conversation on the shared worker.
+    reference = await stack.conversation()
+    reference_handle = client.get_workflow_handle(reference.id)
+
+    async def first_task_commands() -> list[Command]:
+        events = await _events(reference_handle)
+        if not any(e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED for e in events):
+            return []
+        return _commands_up_to_first_local_activity(events)
+
+    commands = await _until(first_task_commands, 30, "the reference conversation recorded no marker")
+    await reference.close()
+
+    queue = f"agent-repair-{uuid.uuid4().hex[:6]}"
+    conversation_id = f"repair-{uuid.uuid4().hex[:6]}"
+    await start_conversation(client, conversation_id, {"model": stack.model}, task_queue=queue)
+    conversation = Conversation.attach(client, conversation_id)
+    stack.script({"text": "The answer after the repair."})
+    await conversation.follow_up("hello")
+    events: list[dict] = []
+
+    async def subscribe() -> None:
+        async for _, event in follow(client, conversation_id):
+            events.append(event)
+            if event.get("type") == "agent_end":
+                return
+
+    subscriber = asyncio.create_task(subscribe())
+    await asyncio.sleep(0.5)  # its first read waits for the first task
+    await _first_task_as_in_the_crash(client, queue, commands)
+    wedged_run = (await client.get_workflow_handle(conversation_id).describe()).run_id
+
+    worker = start_worker(
+        {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_REPAIR_INTERVAL_SECONDS": "5"},
+        ["tests.support.tools"],
+        artifacts / "repair-worker.log",
+    )
+    try:
+        await asyncio.wait_for(subscriber, 120)
+    finally:
+        stop_process(worker)
+    ended = [event["message"] for event in events if event.get("type") == "message_end"]
+    assert [message["role"] for message in ended] == ["user", "assistant"], events
+    assert json.dumps(ended[0]["content"]).count("hello") == 1  # the follow-up, applied again, once
+    assert "The answer after the repair." in json.dumps(ended[1]["content"])
+    wedged = client.get_workflow_handle(conversation_id, run_id=wedged_run)
+    causes = [
+        e.workflow_task_failed_event_attributes.cause
+        for e in await _events(wedged)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+    ]
+    assert causes and set(causes) == {_WEDGED}  # it was wedged, by the fault
+    assert (await wedged.describe()).status == WorkflowExecutionStatus.TERMINATED  # and reset
+    log = (artifacts / "repair-worker.log").read_text()
+    assert f"Conversation {conversation_id} was wedged by the SDK core's update fault" in log
+    await conversation.close()
