@@ -22,8 +22,8 @@ The worker looks for such conversations on its task queue every 30 s
 (``AGENT_REPAIR_WEDGED``, ``AGENT_REPAIR_INTERVAL_SECONDS``). The server marks them in
 the ``TemporalReportedProblems`` search attribute after a few failed
 attempts (about 25 s on the dev server); each one is checked from its
-history before it is reset, and claimed first (a workflow id taken once),
-so that two workers never reset it twice.
+history before it is reset, and claimed first (a workflow started before
+the reset and ended after it), so that two workers never reset it twice.
 """
 
 from __future__ import annotations
@@ -95,27 +95,39 @@ async def reset_point(client: Client, workflow_id: str, run_id: str) -> int | No
             return None
 
 
-async def repair(client: Client, workflow_id: str, run_id: str, task_queue: str) -> str | None:
-    """Reset one wedged run (checked, then claimed); the new run's id, or
-    None when it is not wedged (any more), not current, or claimed already."""
+async def _current(client: Client, workflow_id: str, run_id: str) -> bool:
     description = await client.get_workflow_handle(workflow_id).describe()
-    if description.run_id != run_id or description.status != WorkflowExecutionStatus.RUNNING:
+    return description.run_id == run_id and description.status == WorkflowExecutionStatus.RUNNING
+
+
+async def repair(client: Client, workflow_id: str, run_id: str, task_queue: str) -> str | None:
+    """Reset one wedged run; the new run's id, or None when it is not
+    wedged, not the conversation's current run, or another worker holds it.
+
+    The claim is a workflow (``claim_id``) started before the reset and
+    ended after it: while one worker holds it no other can start it, and a
+    worker that starts it after finds the run reset already (not current)."""
+    if not await _current(client, workflow_id, run_id):
         return None
     point = await reset_point(client, workflow_id, run_id)
     if point is None:
         return None
-    try:  # a workflow id is taken once: of several workers, one resets
+    try:
         claim = await client.start_workflow(
             _CLAIM_TYPE,
             id=claim_id(run_id),
             task_queue=claim_queue(task_queue),
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # Taken again only after it ended (terminated: a failed reset is tried again).
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             execution_timeout=timedelta(minutes=5),
             memo={"conversation": workflow_id, "run": run_id, "resetTo": point},
         )
     except WorkflowAlreadyStartedError:
         return None
+    outcome = "released: not reset"
     try:
+        if not await _current(client, workflow_id, run_id):
+            return None  # another worker reset it meanwhile
         response = await client.workflow_service.reset_workflow_execution(
             ResetWorkflowExecutionRequest(
                 namespace=client.namespace,
@@ -129,9 +141,10 @@ async def repair(client: Client, workflow_id: str, run_id: str, task_queue: str)
             ),
             timeout=timedelta(seconds=30),
         )
+        outcome = f"reset to event {point}: run {response.run_id}"
     finally:
-        try:  # its record stays: who was reset, to which event
-            await claim.terminate("claim of a repair, done")
+        try:  # its record stays in the UI: which run was reset, to what
+            await claim.terminate(outcome)
         except Exception:  # it times out by itself
             pass
     log.warning(

@@ -228,10 +228,15 @@ async def test_a_worker_resets_a_conversation_the_update_fault_wedged(client: Cl
         assert not reading.done()
 
         # The server marks it after a few failed attempts; a look finds it.
-        async def repaired() -> list[str]:
-            return await repair_wedged(client, queue, workflow_type="RepairProbe")
+        # Two workers look at once: one resets it.
+        async def looked() -> list[list[str]] | None:
+            looks = await asyncio.gather(
+                *(repair_wedged(client, queue, workflow_type="RepairProbe") for _ in "ab")
+            )
+            return looks if any(looks) else None
 
-        assert await _until(repaired, 90, "no look found the wedged workflow") == [handle.id]
+        looks = await _until(looked, 90, "no look found the wedged workflow")
+        assert sorted(looks, key=len) == [[], [handle.id]]
 
         description = await handle.describe()
         assert description.run_id != wedged_run  # reset: a new run, from the last completed task
@@ -247,6 +252,8 @@ async def test_a_worker_resets_a_conversation_the_update_fault_wedged(client: Cl
     claim = await client.get_workflow_handle(claim_id(wedged_run)).describe()
     assert claim.status == WorkflowExecutionStatus.TERMINATED
     assert await repair(client, handle.id, wedged_run, queue) is None
+    runs = [execution.run_id async for execution in client.list_workflows(f"WorkflowId = '{handle.id}'")]
+    assert len(runs) == 2  # the wedged run and the one it was reset to: no second reset
     assert await repair_wedged(client, queue, workflow_type="RepairProbe") == []
     reading.cancel()
 
