@@ -476,11 +476,34 @@ async def test_a_poll_of_a_run_that_ended_reads_the_rest_from_that_run(
     fake = FakeClient()
     fake.handle.update_result = RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
     fake.handles[None] = fake.handle
-    ended = SimpleNamespace(status=status, run_id="run-9")
-    fake.handle.describe_as = ended
+    fake.handle.describe_as = run_described(status, "run-9")
     reader = _EventReader(fake, "chat-x", 7, 200)  # type: ignore[arg-type]
     assert await reader._long_poll() is None
     assert reader._ended is not None and reader._ended.run_id == "run-9"
+
+
+def run_described(status: WorkflowExecutionStatus, run_id: str, reset_run_id: str = "") -> SimpleNamespace:
+    extended = SimpleNamespace(reset_run_id=reset_run_id)
+    return SimpleNamespace(
+        status=status, run_id=run_id, raw_description=SimpleNamespace(workflow_extended_info=extended)
+    )
+
+
+async def test_a_poll_of_a_run_that_was_reset_is_made_again_on_the_new_run() -> None:
+    """A run terminated by a reset (a worker's repair, runtime/repair.py) goes on in a new run: the
+    reader polls the latest run next, it does not read the reset run to its end and stop."""
+    fake = FakeClient()
+
+    async def gone() -> Any:
+        raise RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
+
+    fake.handle.update_result = gone
+    fake.handle.describe_as = run_described(WorkflowExecutionStatus.RUNNING, "run-2")
+    fake.handles["run-1"] = FakeHandle(run_id="run-1")
+    fake.handles["run-1"].describe_as = run_described(WorkflowExecutionStatus.TERMINATED, "run-1", "run-2")
+    reader = _EventReader(fake, "chat-x", 7, 200)  # type: ignore[arg-type]
+    assert await reader._long_poll() is None
+    assert reader._ended is None
 
 
 async def test_a_poll_of_a_run_that_continued_as_new_is_made_again_on_the_next_run() -> None:
@@ -491,11 +514,9 @@ async def test_a_poll_of_a_run_that_continued_as_new_is_made_again_on_the_next_r
         raise RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
 
     fake.handle.update_result = gone
-    fake.handle.describe_as = SimpleNamespace(status=WorkflowExecutionStatus.RUNNING, run_id="run-2")
+    fake.handle.describe_as = run_described(WorkflowExecutionStatus.RUNNING, "run-2")
     fake.handles["run-1"] = FakeHandle(run_id="run-1")
-    fake.handles["run-1"].describe_as = SimpleNamespace(
-        status=WorkflowExecutionStatus.CONTINUED_AS_NEW, run_id="run-1"
-    )
+    fake.handles["run-1"].describe_as = run_described(WorkflowExecutionStatus.CONTINUED_AS_NEW, "run-1")
     reader = _EventReader(fake, "chat-x", 7, 200)  # type: ignore[arg-type]
     assert await reader._long_poll() is None
     assert reader._ended is None
