@@ -755,6 +755,13 @@ class Conversation:
                 "modules and hooks: start the workers it ran on again, or stop the one that differs; it "
                 f"goes on then{resend}."
             )
+        if cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE:
+            return (
+                f"Conversation {self.id} {what}: the SDK core's update fault (sdk-rust #888) wedged it after "
+                "a worker was killed. A worker resets it to its last completed workflow task within about "
+                "a minute (AGENT_REPAIR_WEDGED, on by default; README, What can go wrong): it goes on "
+                f"then{resend}."
+            )
         why = f": {message.rstrip('.')}" if message else " (the worker's log says why)"
         return (
             f"Conversation {self.id} {what}: its workflow task is failing{why}. A tool that blocks "

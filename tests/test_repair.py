@@ -41,7 +41,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
-from client import Conversation, follow, start_conversation
+from client import Conversation, Refused, follow, start_conversation
 from runtime.repair import claim_id, repair, repair_wedged
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import Stack
@@ -305,6 +305,16 @@ async def test_a_wedged_conversation_goes_on_by_itself(
         artifacts / "repair-worker.log",
     )
     try:
+        wedged = client.get_workflow_handle(conversation_id, run_id=wedged_run)
+
+        async def failing() -> bool:
+            return any(
+                e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in await _events(wedged)
+            )
+
+        await _until(failing, 30, "the conversation's tasks did not fail")
+        with pytest.raises(Refused, match=r"update fault \(sdk-rust #888\) wedged it .* A worker resets it"):
+            await conversation.state()  # said while wedged: what it is, and that it heals
         await asyncio.wait_for(subscriber, 120)
     finally:
         stop_process(worker)
@@ -312,7 +322,6 @@ async def test_a_wedged_conversation_goes_on_by_itself(
     assert [message["role"] for message in ended] == ["user", "assistant"], events
     assert json.dumps(ended[0]["content"]).count("hello") == 1  # the follow-up, applied again, once
     assert "The answer after the repair." in json.dumps(ended[1]["content"])
-    wedged = client.get_workflow_handle(conversation_id, run_id=wedged_run)
     causes = [
         e.workflow_task_failed_event_attributes.cause
         for e in await _events(wedged)
