@@ -56,6 +56,10 @@ from worker import build_worker, what_must_match
         ("AGENT_CONTEXT_CACHE_MB", "0", "AGENT_CONTEXT_CACHE_MB must be above 0, got '0'."),
         ("AGENT_CONTEXT_CACHE_MB", "1.5", "AGENT_CONTEXT_CACHE_MB must be a whole number"),
         ("AGENT_GRPC_COMPRESSION", "zstd", "AGENT_GRPC_COMPRESSION must be 'gzip' or 'none', got 'zstd'."),
+        # A worker that would look for wedged conversations without pause, or never.
+        ("AGENT_REPAIR_INTERVAL_SECONDS", "0", "AGENT_REPAIR_INTERVAL_SECONDS must be above 0, got '0'."),
+        ("AGENT_REPAIR_INTERVAL_SECONDS", "1e9", "AGENT_REPAIR_INTERVAL_SECONDS must be at most 86400"),
+        ("AGENT_REPAIR_WEDGED", "sometimes", "AGENT_REPAIR_WEDGED must be on or off, got 'sometimes'."),
         # Found by an operator audit: a panic and a traceback, or the SDK's
         # words naming no setting, or taken and failing unseen later.
         ("TOKIO_WORKER_THREADS", "abc", "TOKIO_WORKER_THREADS must be a whole number"),
@@ -351,6 +355,8 @@ def defaults(tmp_path: Path) -> Settings:
         ("AGENT_SDK_FALLBACKS", "sdk_fallbacks", False),
         ("AGENT_MAX_CONCURRENT_ACTIVITIES", "max_concurrent_activities", 200),
         ("AGENT_SHUTDOWN_GRACE_SECONDS", "shutdown_grace", 5),
+        ("AGENT_REPAIR_WEDGED", "repair_wedged", True),
+        ("AGENT_REPAIR_INTERVAL_SECONDS", "repair_interval", 30),
         ("AGENT_METRICS_PORT", "metrics_port", None),
         ("AGENT_METRICS_HOST", "metrics_host", "127.0.0.1"),
         ("LOG_LEVEL", "log_level", "INFO"),
