@@ -614,14 +614,20 @@ class Conversation:
 
     async def wait_for_idle(self) -> WaitForIdleResult:
         """pi's ``waitForIdle()``: returns when no run is active (asked again
-        when the conversation continued as new meanwhile)."""
+        when the conversation continued as new, or was reset, meanwhile)."""
         async with self._refusals():
             switches = 0
             while True:
                 try:
                     return await self._update("wait_for_idle", result_type=WaitForIdleResult)
                 except WorkflowUpdateFailedError as err:
-                    if getattr(err.cause, "type", None) != "ContinuedAsNew":
+                    cause = getattr(err.cause, "type", None)
+                    # The run it waited on ended before answering: continued as
+                    # new, or reset by a worker's repair (runtime/repair.py) and
+                    # going on in a new run, which has the wait again.
+                    if cause not in ("ContinuedAsNew", "AcceptedUpdateCompletedWorkflow"):
+                        raise
+                    if cause == "AcceptedUpdateCompletedWorkflow" and await self.has_ended():
                         raise
                 if switches:  # the run still switching: not in a loop of updates
                     await asyncio.sleep(_backoff(switches - 1))

@@ -103,7 +103,7 @@ def _probe_marker() -> Command:
 
 async def _first_task_as_in_the_crash(client: Client, queue: str, commands: list[Command]) -> None:
     """Take the workflow's first task and answer it as the core did: the
-    pending update accepted, then ``commands`` (up to a local activity's
+    pending updates accepted, then ``commands`` (up to a local activity's
     marker), a new task asked for (returned to this "worker", which never
     answers it: it times out)."""
     service = client.workflow_service
@@ -114,25 +114,29 @@ async def _first_task_as_in_the_crash(client: Client, queue: str, commands: list
             identity="killed-worker",
         )
     )
-    request = task.messages[0]
-    accept_id = f"{request.id}/accept"
-    body = AnyMessage()
-    body.Pack(
-        Acceptance(
-            accepted_request_message_id=request.id, accepted_request_sequencing_event_id=request.event_id
+    accepts, messages = [], []
+    for request in task.messages:  # every update waiting, accepted
+        accept_id = f"{request.id}/accept"
+        body = AnyMessage()
+        body.Pack(
+            Acceptance(
+                accepted_request_message_id=request.id, accepted_request_sequencing_event_id=request.event_id
+            )
         )
-    )
-    accept = Command(
-        command_type=CommandType.COMMAND_TYPE_PROTOCOL_MESSAGE,
-        protocol_message_command_attributes=ProtocolMessageCommandAttributes(message_id=accept_id),
-    )
+        accepts.append(
+            Command(
+                command_type=CommandType.COMMAND_TYPE_PROTOCOL_MESSAGE,
+                protocol_message_command_attributes=ProtocolMessageCommandAttributes(message_id=accept_id),
+            )
+        )
+        messages.append(Message(id=accept_id, protocol_instance_id=request.protocol_instance_id, body=body))
     await service.respond_workflow_task_completed(
         RespondWorkflowTaskCompletedRequest(
             namespace=client.namespace,
             task_token=task.task_token,
             identity="killed-worker",
-            commands=[accept, *commands],
-            messages=[Message(id=accept_id, protocol_instance_id=request.protocol_instance_id, body=body)],
+            commands=[*accepts, *commands],
+            messages=messages,
             force_create_new_workflow_task=True,
             return_new_workflow_task=True,
             sticky_attributes=StickyExecutionAttributes(
@@ -295,7 +299,8 @@ async def test_a_wedged_conversation_goes_on_by_itself(
                 return
 
     subscriber = asyncio.create_task(subscribe())
-    await asyncio.sleep(0.5)  # its first read waits for the first task
+    waiting = asyncio.create_task(conversation.wait_for_idle())
+    await asyncio.sleep(0.5)  # the first read and the wait wait for the first task
     await _first_task_as_in_the_crash(client, queue, commands)
     wedged_run = (await client.get_workflow_handle(conversation_id).describe()).run_id
 
@@ -316,12 +321,14 @@ async def test_a_wedged_conversation_goes_on_by_itself(
         with pytest.raises(Refused, match=r"update fault \(sdk-rust #888\) wedged it .* A worker resets it"):
             await conversation.state()  # said while wedged: what it is, and that it heals
         await asyncio.wait_for(subscriber, 120)
+        idle = await asyncio.wait_for(waiting, 30)  # asked again of the new run, answered there
     finally:
         stop_process(worker)
     ended = [event["message"] for event in events if event.get("type") == "message_end"]
     assert [message["role"] for message in ended] == ["user", "assistant"], events
     assert json.dumps(ended[0]["content"]).count("hello") == 1  # the follow-up, applied again, once
     assert "The answer after the repair." in json.dumps(ended[1]["content"])
+    assert idle.messages[-1].role == "assistant"
     causes = [
         e.workflow_task_failed_event_attributes.cause
         for e in await _events(wedged)
