@@ -37,6 +37,7 @@ from datetime import timedelta
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.workflowservice.v1 import (
+    DescribeNamespaceRequest,
     GetWorkflowExecutionHistoryReverseRequest,
     ResetWorkflowExecutionRequest,
 )
@@ -176,9 +177,30 @@ async def repair_wedged(client: Client, task_queue: str, workflow_type: str = "A
     return repaired
 
 
+async def marks_problems(client: Client) -> bool | None:
+    """Whether the server marks workflows whose tasks keep failing in
+    ``TemporalReportedProblems`` (None: it does not say)."""
+    try:
+        response = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace), timeout=timedelta(seconds=10)
+        )
+    except Exception:
+        return None
+    return response.namespace_info.capabilities.reported_problems_search_attribute
+
+
 async def repair_loop(client: Client, task_queue: str, stop: asyncio.Event, interval: float) -> None:
     """``repair_wedged`` every ``interval`` seconds until ``stop`` is set
-    (with up to a third more at random: workers on a queue look apart)."""
+    (with up to a third more at random: workers on a queue look apart);
+    only a warning when the server does not mark wedged conversations."""
+    if await marks_problems(client) is False:
+        log.warning(
+            "The Temporal server does not mark workflows whose tasks keep failing "
+            "(TemporalReportedProblems: server 1.30 or later, and, self-hosted, "
+            "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=5): conversations the SDK "
+            "core's update fault wedges are not repaired (README, What can go wrong)."
+        )
+        return
     said = False
     while not stop.is_set():
         try:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from google.protobuf.any_pb2 import Any as AnyMessage
@@ -42,7 +44,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
 from client import Conversation, Refused, follow, start_conversation
-from runtime.repair import claim_id, repair, repair_wedged
+from runtime.repair import claim_id, repair, repair_loop, repair_wedged
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import Stack
 
@@ -339,3 +341,30 @@ async def test_a_wedged_conversation_goes_on_by_itself(
     log = (artifacts / "repair-worker.log").read_text()
     assert f"Conversation {conversation_id} was wedged by the SDK core's update fault" in log
     await conversation.close()
+
+
+async def test_a_server_that_does_not_mark_failing_tasks_is_said_once_and_not_asked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without TemporalReportedProblems (an older server, or a self-hosted one without the dynamic
+    config) the worker says at start that wedged conversations are not repaired, and lists nothing."""
+    capabilities = SimpleNamespace(reported_problems_search_attribute=False)
+    described = SimpleNamespace(namespace_info=SimpleNamespace(capabilities=capabilities))
+    listed: list[str] = []
+
+    async def describe_namespace(request: object, timeout: object = None) -> object:
+        return described
+
+    def list_workflows(query: str) -> object:
+        listed.append(query)
+        raise AssertionError("listed")
+
+    client = SimpleNamespace(
+        namespace="default",
+        workflow_service=SimpleNamespace(describe_namespace=describe_namespace),
+        list_workflows=list_workflows,
+    )
+    with caplog.at_level(logging.WARNING, logger="runtime.repair"):
+        await asyncio.wait_for(repair_loop(client, "agent", asyncio.Event(), 0.01), 5)  # type: ignore[arg-type]
+    assert not listed
+    assert "numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=5" in caplog.text
