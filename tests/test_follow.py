@@ -489,9 +489,16 @@ def run_described(status: WorkflowExecutionStatus, run_id: str, reset_run_id: st
     )
 
 
-async def test_a_poll_of_a_run_that_was_reset_is_made_again_on_the_new_run() -> None:
-    """A run terminated by a reset (a worker's repair, runtime/repair.py) goes on in a new run: the
-    reader polls the latest run next, it does not read the reset run to its end and stop."""
+@pytest.mark.parametrize(
+    ("status", "reset_to"),
+    [(WorkflowExecutionStatus.CONTINUED_AS_NEW, ""), (WorkflowExecutionStatus.TERMINATED, "run-2")],
+    ids=["continued-as-new", "reset"],
+)
+async def test_a_poll_of_a_run_that_went_on_in_another_is_made_again_on_the_latest_run(
+    status: WorkflowExecutionStatus, reset_to: str
+) -> None:
+    """A poll whose run continued as new, or was reset (terminated, going on in a new run: a worker's
+    repair, runtime/repair.py), is no error and no end: the reader polls the latest run next."""
     fake = FakeClient()
 
     async def gone() -> Any:
@@ -500,23 +507,7 @@ async def test_a_poll_of_a_run_that_was_reset_is_made_again_on_the_new_run() -> 
     fake.handle.update_result = gone
     fake.handle.describe_as = run_described(WorkflowExecutionStatus.RUNNING, "run-2")
     fake.handles["run-1"] = FakeHandle(run_id="run-1")
-    fake.handles["run-1"].describe_as = run_described(WorkflowExecutionStatus.TERMINATED, "run-1", "run-2")
-    reader = _EventReader(fake, "chat-x", 7, 200)  # type: ignore[arg-type]
-    assert await reader._long_poll() is None
-    assert reader._ended is None
-
-
-async def test_a_poll_of_a_run_that_continued_as_new_is_made_again_on_the_next_run() -> None:
-    """A poll whose run continued as new is no error: the reader polls the latest run next."""
-    fake = FakeClient()
-
-    async def gone() -> Any:
-        raise RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
-
-    fake.handle.update_result = gone
-    fake.handle.describe_as = run_described(WorkflowExecutionStatus.RUNNING, "run-2")
-    fake.handles["run-1"] = FakeHandle(run_id="run-1")
-    fake.handles["run-1"].describe_as = run_described(WorkflowExecutionStatus.CONTINUED_AS_NEW, "run-1")
+    fake.handles["run-1"].describe_as = run_described(status, "run-1", reset_to)
     reader = _EventReader(fake, "chat-x", 7, 200)  # type: ignore[arg-type]
     assert await reader._long_poll() is None
     assert reader._ended is None
