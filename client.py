@@ -49,6 +49,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
+from temporalio.client import WorkflowExecution as ListedExecution
 from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -1013,8 +1014,12 @@ async def list_conversations(
         clauses.append("ExecutionStatus = " + ("'Completed'" if status == "closed" else "'Running'"))
     if model is not None:
         clauses.append(f"AgentModel = {visibility_quoted(model)}")
+    listed: set[str] = set()
     try:
         async for execution in client.list_workflows(" AND ".join(clauses), limit=limit):
+            if execution.id in listed or await _reset_away(client, execution):
+                continue  # one entry per conversation: a run it was reset from is not it
+            listed.add(execution.id)
             found: TypedSearchAttributes = execution.typed_search_attributes
             yield ConversationSummary(
                 id=execution.id,
@@ -1032,6 +1037,18 @@ async def list_conversations(
             "This server does not keep the Agent* search attributes, so it cannot filter by status "
             "or model: register them (the worker prints the command at start-up) or list without filters."
         ) from err
+
+
+async def _reset_away(client: Client, execution: ListedExecution) -> bool:
+    """A terminated run whose conversation goes on in another (a reset:
+    a worker's repair, runtime/repair.py, or an operator's)."""
+    if execution.status != WorkflowExecutionStatus.TERMINATED:
+        return False
+    try:
+        current = await client.get_workflow_handle(execution.id).describe()
+    except RPCError:
+        return False
+    return current.run_id != execution.run_id
 
 
 def _check_fork_point(messages: list[AgentMessage], at: int) -> None:

@@ -446,10 +446,22 @@ async def test_a_failed_precondition_that_is_not_a_never_run_conversation_is_rai
 class Lister:
     """A client whose ``list_workflows`` records the query and yields ``executions`` (or raises ``error``)."""
 
-    def __init__(self, executions: list[Any] | None = None, error: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        executions: list[Any] | None = None,
+        error: BaseException | None = None,
+        current: dict[str, str] | None = None,
+    ) -> None:
         self.queries: list[str] = []
         self.executions = executions or []
         self.error = error
+        self.current = current or {}  # conversation id -> its current run's id
+
+    def get_workflow_handle(self, workflow_id: str) -> Any:
+        async def describe() -> Any:
+            return SimpleNamespace(run_id=self.current.get(workflow_id, "run-1"))
+
+        return SimpleNamespace(describe=describe)
 
     async def list_workflows(self, query: str, **kwargs: Any) -> Any:
         self.queries.append(query)
@@ -522,14 +534,29 @@ async def test_a_filter_the_server_cannot_apply_is_refused_with_what_to_do() -> 
 
 async def test_a_conversation_that_ended_without_closing_is_listed_by_its_end() -> None:
     """A terminated conversation reads ``terminated``, not the ``running`` its search attribute kept."""
-    execution = SimpleNamespace(
-        id="chat-x",
-        start_time=None,
-        status=WorkflowExecutionStatus.TERMINATED,
-        typed_search_attributes=TypedSearchAttributes([SearchAttributePair(client._STATUS, "running")]),
-    )
+    execution = listed_run("chat-x", "run-1", WorkflowExecutionStatus.TERMINATED)
     [summary] = await listed(Lister([execution]))
     assert summary.status == "terminated"
+
+
+def listed_run(id: str, run_id: str, status: WorkflowExecutionStatus) -> SimpleNamespace:
+    return SimpleNamespace(
+        id=id,
+        run_id=run_id,
+        start_time=None,
+        status=status,
+        typed_search_attributes=TypedSearchAttributes([SearchAttributePair(client._STATUS, "running")]),
+    )
+
+
+async def test_a_run_a_conversation_was_reset_from_is_not_listed() -> None:
+    """After a reset (a worker's repair of a wedged conversation, runtime/repair.py) the old run is
+    terminated: the conversation is listed once, by its current run, and not as terminated."""
+    running = listed_run("chat-x", "run-2", WorkflowExecutionStatus.RUNNING)
+    reset_from = listed_run("chat-x", "run-1", WorkflowExecutionStatus.TERMINATED)
+    lister = Lister([running, reset_from], current={"chat-x": "run-2"})
+    assert [(s.id, s.status) for s in await listed(lister)] == [("chat-x", "running")]
+    assert await listed(Lister([reset_from], current={"chat-x": "run-2"}), status="terminated") == []
 
 
 # --- forking and small helpers ---------------------------------------------------------------

@@ -43,7 +43,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
-from client import Conversation, Refused, follow, start_conversation
+from client import Conversation, Refused, follow, list_conversations, start_conversation
 from runtime.repair import claim_id, repair, repair_loop, repair_wedged
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import Stack
@@ -340,6 +340,12 @@ async def test_a_wedged_conversation_goes_on_by_itself(
     assert (await wedged.describe()).status == WorkflowExecutionStatus.TERMINATED  # and reset
     log = (artifacts / "repair-worker.log").read_text()
     assert f"Conversation {conversation_id} was wedged by the SDK core's update fault" in log
+
+    async def listed_once() -> list[str | None] | None:  # `starter.py list`: once, as it is now
+        statuses = [found.status async for found in list_conversations(client) if found.id == conversation_id]
+        return statuses if len(statuses) == 1 and statuses != ["running"] else None
+
+    assert await _until(listed_once, 15, "the conversation is not listed once") == ["idle"]
     await conversation.close()
 
 
