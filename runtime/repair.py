@@ -49,9 +49,21 @@ PROBLEM = "cause=WorkflowTaskFailedCauseBadUpdateWorkflowExecutionMessage"
 """How the server names the fault in ``TemporalReportedProblems``."""
 
 _WEDGE_CAUSE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE
+_RESET_CAUSE = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW
 _CLAIM_TYPE = "AgentRepairClaim"
 
 log = logging.getLogger(__name__)
+_wedged_again: set[str] = set()  # runs said to be left alone, by run id
+
+
+def _said_once(run_id: str, workflow_id: str) -> None:
+    if run_id not in _wedged_again:
+        _wedged_again.add(run_id)
+        log.error(
+            "Conversation %s was wedged again by the update fault right after a reset, before any workflow "
+            "task completed: it is left for an operator (its history and the worker's log say why).",
+            workflow_id,
+        )
 
 
 def visibility_quoted(value: str) -> str:
@@ -71,7 +83,9 @@ def claim_queue(task_queue: str) -> str:
 
 async def reset_point(client: Client, workflow_id: str, run_id: str) -> int | None:
     """The id of the run's last ``WorkflowTaskCompleted`` event when every
-    workflow task since it failed with the fault, else None."""
+    workflow task since it failed with the fault, else None: also when the
+    run was reset and wedged again before a task completed (a reset would
+    not help; it would run that step's tools again and again)."""
     token = b""
     failed = False  # the newest failure decides; older ones do not matter
     while True:
@@ -85,9 +99,13 @@ async def reset_point(client: Client, workflow_id: str, run_id: str) -> int | No
             timeout=timedelta(seconds=30),
         )
         for event in page.history.events:  # newest first
-            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED and not failed:
-                if event.workflow_task_failed_event_attributes.cause != _WEDGE_CAUSE:
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                cause = event.workflow_task_failed_event_attributes.cause
+                if not failed and cause != _WEDGE_CAUSE:
                     return None  # failing for another reason
+                if failed and cause == _RESET_CAUSE:
+                    _said_once(run_id, workflow_id)
+                    return None
                 failed = True
             elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                 return event.event_id if failed else None

@@ -44,7 +44,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
 from client import Conversation, Refused, follow, list_conversations, start_conversation
-from runtime.repair import claim_id, repair, repair_loop, repair_wedged
+from runtime.repair import claim_id, repair, repair_loop, repair_wedged, reset_point
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import Stack
 
@@ -374,3 +374,55 @@ async def test_a_server_that_does_not_mark_failing_tasks_is_said_once_and_not_as
         await asyncio.wait_for(repair_loop(client, "agent", asyncio.Event(), 0.01), 5)  # type: ignore[arg-type]
     assert not listed
     assert "numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=5" in caplog.text
+
+
+def _event(event_id: int, kind: int, cause: int | None = None) -> HistoryEvent:
+    event = HistoryEvent(event_id=event_id, event_type=kind)  # type: ignore[arg-type]
+    if cause is not None:
+        event.workflow_task_failed_event_attributes.cause = cause  # type: ignore[assignment]
+    return event
+
+
+def _reading(*events: HistoryEvent) -> Client:
+    """A client whose history, read from its end, is ``events`` (newest first)."""
+
+    async def reverse(request: object, timeout: object = None) -> object:
+        return SimpleNamespace(history=SimpleNamespace(events=list(events)), next_page_token=b"")
+
+    service = SimpleNamespace(get_workflow_execution_history_reverse=reverse)
+    return SimpleNamespace(namespace="default", workflow_service=service)  # type: ignore[return-value]
+
+
+_COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+_FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+_STARTED = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
+_RESET = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW
+_UNHANDLED = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+
+
+@pytest.mark.parametrize(
+    ("events", "point"),
+    [
+        # wedged: reset to the last completed task, whatever failed before it
+        ([_event(14, _STARTED), _event(12, _FAILED, _WEDGED), _event(9, _STARTED), _event(5, _COMPLETED)], 5),
+        ([_event(12, _FAILED, _WEDGED), _event(5, _COMPLETED), _event(3, _FAILED, _UNHANDLED)], 5),
+        # failing for another reason, or not failing: left alone
+        ([_event(12, _FAILED, _UNHANDLED), _event(10, _FAILED, _WEDGED), _event(5, _COMPLETED)], None),
+        ([_event(12, _COMPLETED), _event(10, _FAILED, _WEDGED), _event(5, _COMPLETED)], None),
+        # wedged again right after a reset, before a task completed: a reset would only repeat it
+        (
+            [
+                _event(12, _FAILED, _WEDGED),
+                _event(8, _STARTED),
+                _event(5, _FAILED, _RESET),
+                _event(3, _COMPLETED),
+            ],
+            None,
+        ),
+    ],
+    ids=["wedged", "older-failure", "other-cause", "healed", "wedged-after-reset"],
+)
+async def test_the_reset_point_is_the_last_completed_task_of_a_wedged_run(
+    events: list[HistoryEvent], point: int | None
+) -> None:
+    assert await reset_point(_reading(*events), "chat-x", f"run-{uuid.uuid4().hex[:6]}") == point
