@@ -21,7 +21,7 @@ the task had started (a tool call) may run again, as after any crash.
 The worker looks for such conversations on its task queue every 30 s
 (``AGENT_REPAIR_WEDGED``, ``AGENT_REPAIR_INTERVAL_SECONDS``). The server marks them in
 the ``TemporalReportedProblems`` search attribute after a few failed
-attempts (about 25 s on the dev server); each one is checked from its
+attempts (5 by default, about 25 s; 2 on the embedded dev server); each one is checked from its
 history before it is reset, and claimed first (a workflow started before
 the reset and ended after it), so that two workers never reset it twice.
 """

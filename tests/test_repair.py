@@ -234,7 +234,7 @@ async def test_a_worker_resets_a_conversation_the_update_fault_wedged(client: Cl
         assert not reading.done()
 
         # Two workers repair it at once (the end-to-end test below finds it
-        # by the server's mark, which takes ~25 s): one resets it.
+        # by the server's mark, after two failed attempts): one resets it.
         resets = await asyncio.gather(*(repair(client, handle.id, wedged_run, queue) for _ in "ab"))
         assert resets.count(None) == 1, resets
 
