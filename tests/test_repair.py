@@ -300,8 +300,10 @@ async def test_a_wedged_conversation_goes_on_by_itself(
     await _first_task_as_in_the_crash(client, queue, commands)
     wedged_run = (await client.get_workflow_handle(conversation_id).describe()).run_id
 
+    # Its first look comes 20 s or more after it starts: time to see the
+    # conversation wedged (``state`` below) before it is repaired.
     worker = start_worker(
-        {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_REPAIR_INTERVAL_SECONDS": "5"},
+        {**worker_env, "TEMPORAL_TASK_QUEUE": queue, "AGENT_REPAIR_INTERVAL_SECONDS": "20"},
         ["tests.support.tools"],
         artifacts / "repair-worker.log",
     )
