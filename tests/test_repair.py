@@ -338,7 +338,8 @@ async def test_a_wedged_conversation_goes_on_by_itself(
     assert f"Conversation {conversation_id} was wedged by the SDK core's update fault" in log
 
     async def listed_once() -> list[str | None] | None:  # `starter.py list`: once, as it is now
-        statuses = [found.status async for found in list_conversations(client) if found.id == conversation_id]
+        listed = list_conversations(client, model=stack.model)  # this test's model: its two conversations
+        statuses = [found.status async for found in listed if found.id == conversation_id]
         return statuses if len(statuses) == 1 and statuses != ["running"] else None
 
     assert await _until(listed_once, 15, "the conversation is not listed once") == ["idle"]
