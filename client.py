@@ -55,7 +55,7 @@ from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime.repair import visibility_quoted
+from runtime.connect import visibility_quoted
 from runtime.settings import Settings
 from workflows.contract import (
     BUSY_ERROR,

@@ -106,3 +106,8 @@ def _unreachable(settings: Settings, detail: str) -> str:
     return (
         f"Cannot reach {where} ({detail}). Start one (`temporal server start-dev`) or set TEMPORAL_ADDRESS."
     )
+
+
+def visibility_quoted(value: str) -> str:
+    """``value`` as a string literal of a visibility (list) query."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -45,6 +45,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from runtime.connect import visibility_quoted
+
 PROBLEM = "cause=WorkflowTaskFailedCauseBadUpdateWorkflowExecutionMessage"
 """How the server names the fault in ``TemporalReportedProblems``."""
 
@@ -64,11 +66,6 @@ def _said_once(run_id: str, workflow_id: str) -> None:
             "task completed: it is left for an operator (its history and the worker's log say why).",
             workflow_id,
         )
-
-
-def visibility_quoted(value: str) -> str:
-    """``value`` as a string literal of a visibility (list) query."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def claim_id(run_id: str) -> str:
