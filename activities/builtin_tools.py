@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import errno
 import heapq
 import json
 import math
@@ -159,8 +160,8 @@ def _inside_workspace(path: str) -> Path:
     if "\0" in path:
         raise ValueError(f"The path {asked} has a NUL character in it.")
     try:
-        resolved = (root / path).resolve()
-    except RuntimeError:  # Python 3.11-3.12 (3.13 raises OSError)
+        resolved = _resolved(root / path)
+    except RuntimeError:  # a loop of symbolic links
         raise ValueError(f"The path {asked} is a loop of symbolic links.") from None
     except OSError as err:
         raise ValueError(f"The path {asked} cannot be read: {err.strerror or err}.") from None
@@ -170,6 +171,20 @@ def _inside_workspace(path: str) -> Path:
     if _is_hidden(inside):
         named = any(part.startswith(".") and part not in (".", "..") for part in Path(path).parts)
         raise _hidden(asked, None if named else inside)  # not named: through a symlink
+    return resolved
+
+
+def _resolved(path: Path) -> Path:
+    """``path.resolve()`` as Python 3.11 and 3.12 do it on every version:
+    a loop of symbolic links raises ``RuntimeError``. Python 3.13 returns
+    such a path unresolved instead, so the loop would only show later, as
+    a file that cannot be opened."""
+    resolved = path.resolve()
+    try:
+        resolved.stat()
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RuntimeError(f"Symlink loop from {str(path)!r}") from None
     return resolved
 
 

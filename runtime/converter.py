@@ -2,7 +2,7 @@
 be decoded (nested deeper than the parser allows, not JSON at all) turned
 into an ``ApplicationError`` instead of an arbitrary exception. JSON that
 pydantic's strict parser refuses but the standard library reads (a lone
-surrogate escape such as ``"\ud800"``, which other languages' encoders
+surrogate escape such as ``"\\ud800"``, which other languages' encoders
 write) is read by the standard library; the workflow cleans such text.
 
 Why: the SDK fails the workflow task (and retries it forever) when it
