@@ -47,3 +47,14 @@ async def heartbeating() -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def retry_reason(info: activity.Info) -> str:
+    """Why the attempt before this one failed, as its ``message_retry`` or
+    ``tool_execution_retry`` says: the reason that attempt sent in its last
+    heartbeat, ``(attempt, reason)``, as a failing model call does; or,
+    when it sent none, that it did not report."""
+    details = info.heartbeat_details
+    if len(details) == 2 and details[0] == info.attempt - 1 and isinstance(details[1], str):
+        return details[1]
+    return "its worker stopped, or it ran out of time"

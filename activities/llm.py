@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.context_store import ContextMissing, ContextStore, Manifest
 from activities.events import ActivityEventPublisher, attempt_budget
-from activities.heartbeat import heartbeating
+from activities.heartbeat import heartbeating, retry_reason
 from activities.model_http import ChatPoster, Chunks, NotAnEventStream, stream_error
 from activities.openai_chat import (
     ConversionMemo,
@@ -160,9 +160,7 @@ class LlmActivities:
         metrics = _ModelMetrics(request.model)
         async with publisher as events:
             if info.attempt > 1:
-                events.publish(
-                    MessageRetryEvent(attempt=info.attempt, reason=_retry_reason(info)), flush=True
-                )
+                events.publish(MessageRetryEvent(attempt=info.attempt, reason=retry_reason(info)), flush=True)
             try:
                 try:
                     await _stream(poster, params, assembler, events, info.attempt)
@@ -449,15 +447,6 @@ def _failure_reason(err: Exception) -> str:
     the classified failure's sentence (scrubbed of secrets), else only the
     exception's type (its text was not scrubbed)."""
     return err.message if isinstance(err, ApplicationError) else type(err).__name__
-
-
-def _retry_reason(info: activity.Info) -> str:
-    """Why the attempt before this one failed: its last heartbeat's reason
-    (``_failure_reason``), or, when it sent none, that it did not report."""
-    details = info.heartbeat_details
-    if len(details) == 2 and details[0] == info.attempt - 1 and isinstance(details[1], str):
-        return details[1]
-    return "its worker stopped, or it ran out of time"
 
 
 def _reason_of(err: openai.APIConnectionError) -> str:

@@ -27,7 +27,7 @@ from temporalio import activity
 
 from activities.blobs import private_dirs
 from activities.events import ActivityEventPublisher, attempt_budget
-from activities.heartbeat import heartbeating
+from activities.heartbeat import heartbeating, retry_reason
 from activities.redact import TOOL_SECRETS, scrub, scrub_json, scrub_known
 from activities.tools import (
     ToolArgumentsError,
@@ -44,6 +44,7 @@ from workflows.hooks import failure_text, is_user_failure
 from workflows.models import (
     ImageContent,
     TextContent,
+    ToolExecutionRetryEvent,
     ToolExecutionUpdateEvent,
     ToolOutcome,
     UserContent,
@@ -112,6 +113,20 @@ class ToolActivities:
         async with ActivityEventPublisher(
             request.stream_batch_ms, attempt_budget(request.max_batches, info.attempt)
         ) as events:
+            if info.attempt > 1:
+                # The attempt before did not report (its worker stopped, it
+                # stopped heartbeating): say so before the tool starts over,
+                # as a model call's ``message_retry`` does, so a subscriber
+                # knows its progress restarts and its side effects may repeat.
+                events.publish(
+                    ToolExecutionRetryEvent(
+                        tool_call_id=call.id,
+                        tool_name=call.name,
+                        attempt=info.attempt,
+                        reason=retry_reason(info),
+                    ),
+                    flush=True,
+                )
             async with heartbeating():
                 reported = False
                 shown_args = call.arguments if request.raw_arguments is None else request.raw_arguments

@@ -227,6 +227,13 @@ class EventRenderer:
         if text:
             self._note(f"  ⋯ {_shorten(text.splitlines()[0], self._max_result_chars)}")
 
+    def _on_tool_execution_retry(self, event: dict[str, Any]) -> None:
+        reason = f" ({event['reason']})" if event.get("reason") else ""
+        self._note(
+            f"↻ {event.get('toolName', '?')} runs again{reason}: attempt {event.get('attempt')}, "
+            "from the start"
+        )
+
     def _on_tool_approval_request(self, event: dict[str, Any]) -> None:
         """A call waits for a person, who decides on its arguments: show
         them whole (up to a limit), with the reason and the call id."""

@@ -36,7 +36,7 @@ from activities.builtin_tools import (
     read_file,
 )
 from activities.tool_runner import MAX_RESULT_BYTES, ToolActivities, output_path
-from activities.tools import ToolResult, ToolSpec, registered_tools, report_progress
+from activities.tools import ToolResult, ToolSpec, registered_tools, report_progress, tool_context
 from runtime.settings import Settings, SettingsError
 from workflows.contract import ToolRequest
 from workflows.models import ImageContent, TextContent, ToolCall, ToolOutcome
@@ -902,6 +902,70 @@ async def test_a_retried_call_gets_half_the_event_batches_of_the_attempt_before(
     assert budgets == [100, 50, 25, 1]
 
 
+class _Recording:
+    """A stream client that keeps the events of each flush in ``flushed``."""
+
+    flushed: ClassVar[list[list[Any]]] = []
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    def topic(self, _name: str) -> Any:
+        return self
+
+    def publish(self, event: Any) -> None:
+        self.pending.append(event)
+
+    async def flush(self) -> None:
+        if self.pending:
+            _Recording.flushed.append(list(self.pending))
+            self.pending.clear()
+
+
+def recording(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """Tools publish to a ``_Recording``; returns its ``flushed``."""
+    flushed: list[list[Any]] = []
+    monkeypatch.setattr(_Recording, "flushed", flushed)
+    monkeypatch.setattr(events_module, "run_stream_client", _Recording)
+    return flushed
+
+
+async def test_a_tool_run_again_says_so_before_it_starts_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool whose attempt did not report (its worker died) runs again from
+    the start: its progress restarts and what it did may be done twice. A
+    subscriber saw the same progress twice with nothing between (a
+    robustness audit); now ``tool_execution_retry`` comes first, at once,
+    with the attempt and why, as a model call's ``message_retry`` does."""
+    flushed = recording(monkeypatch)
+
+    async def slow(args: _NoArgs) -> str:
+        started = time.monotonic()  # a retry's mark is sent while the tool runs
+        while tool_context().attempt > 1 and not flushed and time.monotonic() - started < 1:
+            await asyncio.sleep(0.001)
+        report_progress("half way")
+        return "done"
+
+    first = await run_t(runner_of(slow))
+    first_sent = [e for batch in flushed for e in batch] + first.events
+    flushed.clear()
+    again = await run_t(runner_of(slow), attempt=2)
+
+    assert [e["type"] for e in first_sent] == ["tool_execution_update"]
+    retried = [e for batch in flushed for e in batch] + again.events
+    marks = [e for e in retried if e["type"] == "tool_execution_retry"]
+    assert marks == [
+        {
+            "type": "tool_execution_retry",
+            "toolCallId": "c1",
+            "toolName": "t",
+            "attempt": 2,
+            "reason": "its worker stopped, or it ran out of time",
+        }
+    ]
+    assert [e["type"] for e in retried] == ["tool_execution_retry", "tool_execution_update"]
+    assert flushed[0] == marks  # sent at once, before the tool went on
+
+
 async def test_a_tool_reporting_progress_often_sends_its_first_report_at_once_and_the_rest_in_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -909,22 +973,7 @@ async def test_a_tool_reporting_progress_often_sends_its_first_report_at_once_an
     few milliseconds sent a signal (and cost the conversation a workflow
     task) each time, 50-100 a second (a Temporal review). Now the first
     report goes out at once and the rest every ``stream_batch_ms``."""
-    flushed: list[list[Any]] = []
-    pending: list[Any] = []
-
-    class Recording:
-        def topic(self, _name: str) -> Any:
-            return self
-
-        def publish(self, event: Any) -> None:
-            pending.append(event)
-
-        async def flush(self) -> None:
-            if pending:
-                flushed.append(list(pending))
-                pending.clear()
-
-    monkeypatch.setattr(events_module, "run_stream_client", Recording)
+    flushed = recording(monkeypatch)
     first_sent_after: list[float] = []
 
     async def chatty(args: _NoArgs) -> str:

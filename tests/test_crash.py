@@ -118,11 +118,24 @@ async def test_worker_killed_while_a_tool_runs(
     first.send_signal(signal.SIGKILL)
     first.wait()
     workers.start()
-    await log.wait_until(lambda es: sum(e["type"] == "tool_execution_update" for e in es) >= 2, timeout=30)
+    await log.wait_until(lambda es: any(e["type"] == "tool_execution_retry" for e in es), timeout=30)
     resumed_after = time.monotonic() - killed_at
     await log.wait_for_type("agent_end", timeout=60)
     log.close()
     assert comparable((await handle.result()).messages) == reference
+    # Subscribers are told that the tool starts over (its progress repeats) before it does.
+    kinds = [e["type"] for e in log.events if e["type"].startswith("tool_execution")]
+    retry = kinds.index("tool_execution_retry")
+    assert kinds.count("tool_execution_retry") == 1
+    assert "tool_execution_update" in kinds[:retry] and "tool_execution_update" in kinds[retry:]
+    marked = next(e for e in log.events if e["type"] == "tool_execution_retry")
+    assert {k: v for k, v in marked.items() if k != "offset"} == {
+        "type": "tool_execution_retry",
+        "toolCallId": "k1",
+        "toolName": "slow",
+        "attempt": 2,
+        "reason": "its worker stopped, or it ran out of time",
+    }
     # The tool ran again with the same idempotency key, so it can make its effect happen once.
     ledger = (artifacts / "ledger.txt").read_text().splitlines()
     key = f"{handle.id}/tool-k1"

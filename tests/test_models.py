@@ -360,6 +360,13 @@ def test_every_event_type_is_read_back_from_its_json() -> None:
             "partialResult": "p",
         },
         {
+            "type": "tool_execution_retry",
+            "toolCallId": "c1",
+            "toolName": "echo",
+            "attempt": 2,
+            "reason": "gone",
+        },
+        {
             "type": "tool_approval_request",
             "toolCallId": "c1",
             "toolName": "echo",

@@ -156,6 +156,25 @@ def test_a_retry_note_says_why_the_call_failed() -> None:
     assert out == "↻ model call failed (429 rate limited): retrying (attempt 2)\n"
 
 
+def test_a_tool_run_again_is_noted_with_its_attempt_and_why() -> None:
+    out = render(
+        [
+            {"type": "tool_execution_start", "toolName": "deploy", "args": {}},
+            {
+                "type": "tool_execution_retry",
+                "toolCallId": "c1",
+                "toolName": "deploy",
+                "attempt": 2,
+                "reason": "its worker stopped, or it ran out of time",
+            },
+        ]
+    )
+
+    assert out.splitlines()[-1] == (
+        "↻ deploy runs again (its worker stopped, or it ran out of time): attempt 2, from the start"
+    )
+
+
 def test_an_application_message_is_noted_by_its_role() -> None:
     out = render([start({"role": "bookmark", "label": "x"}), end({"role": "bookmark", "label": "x"})])
 

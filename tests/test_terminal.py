@@ -69,6 +69,7 @@ def test_model_and_tool_text_cannot_drive_the_terminal() -> None:
             "isError": True,
         },
         {"type": "message_retry", "attempt": 2, "reason": HOSTILE},
+        {"type": "tool_execution_retry", "toolName": HOSTILE, "attempt": HOSTILE, "reason": HOSTILE},
     ]
 
     output = rendered(events)

@@ -366,6 +366,20 @@ class ToolExecutionUpdateEvent(WireModel):
     partial_result: Any
 
 
+class ToolExecutionRetryEvent(WireModel):
+    """A tool call runs again (attempt ``attempt``) because the attempt
+    before it did not report: its worker stopped, or it stopped
+    heartbeating. Its progress starts over, and whatever the tool did
+    before may be done twice (``tool_context().idempotency_key`` is the
+    same)."""
+
+    type: Literal["tool_execution_retry"] = "tool_execution_retry"
+    tool_call_id: str
+    tool_name: str
+    attempt: int
+    reason: str | None = None
+
+
 class ToolApprovalRequestEvent(WireModel):
     """A tool call waits for a person's decision (update ``approve_tool``)."""
 
@@ -395,6 +409,7 @@ AgentEvent = Annotated[
     | MessageRetryEvent
     | ToolExecutionStartEvent
     | ToolExecutionUpdateEvent
+    | ToolExecutionRetryEvent
     | ToolApprovalRequestEvent
     | ToolExecutionEndEvent,
     Field(discriminator="type"),
