@@ -73,6 +73,7 @@ from workflows.contract import (
     SettingsInForce,
     WaitForIdleResult,
     item_payload,
+    past_safe_integer,
     start_input_problem,
 )
 from workflows.inputs import InputError, clean_json, prompt_message, prompt_messages, validation_text
@@ -298,7 +299,9 @@ class Conversation:
         # As the workflow will read it (the converter's JSON: a set as a list,
         # an enum as its value), which would fail the conversation at once.
         raw = to_jsonable_python(input)
-        problem = start_input_problem(raw)
+        # The workflow also refuses an integer setting past 2**53 - 1 (a
+        # JavaScript reader of `state` would read another number back).
+        problem = start_input_problem(raw) or past_safe_integer(raw)
         if problem is None:
             try:  # the prompt, read as the workflow reads it: parsed, then checked
                 parsed = SessionInput.model_validate(clean_json(raw)).prompt

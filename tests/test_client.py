@@ -950,6 +950,8 @@ async def test_list_filters_conversations_that_ended_without_closing(stack: Stac
     ("options", "said"),
     [
         ({"max_turns": 0}, "maxTurns"),
+        # The workflow's own check: a JavaScript reader of `state` would read another number.
+        ({"max_total_tokens": 2**53}, "`maxTotalTokens` must be at most 9007199254740991 (2**53 - 1"),
         ({"sytem_prompt": "Be brief."}, "Unknown start input key(s) sytemPrompt"),
         ({"thinking_level": "extreme"}, "thinkingLevel"),
         ({"prompt": "   "}, "The message text is empty"),

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         SessionState,
         SettingsInForce,
         WaitForIdleResult,
+        past_safe_integer,
         start_input_problem,
     )
     from workflows.inputs import (
@@ -81,7 +82,7 @@ with workflow.unsafe.imports_passed_through():
         WireModel,
     )
     from workflows.queues import MessageQueue
-    from workflows.session import MAX_SAFE_INTEGER, ContinueRefused, Session
+    from workflows.session import ContinueRefused, Session
     from workflows.stream import SUBSCRIBER_GRACE, UNTRACKED_GRACE, EventStream
     from workflows.versions import Versions
 
@@ -237,20 +238,6 @@ def _refusing(validator: Callable[..., None]) -> Callable[..., None]:
             raise refusal(str(err)) from None
 
     return refuse
-
-
-def past_safe_integer(settings: dict[str, Any]) -> str | None:
-    """Why a setting's number is refused: past 2**53 - 1 an integer is read
-    inexactly by JSON readers of other languages (JavaScript's), so `state`
-    would report another limit back; None when none is. (Every integer
-    setting is at least 1: one below is refused by its own check.)"""
-    for key, value in settings.items():
-        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SAFE_INTEGER:
-            return (
-                f"`{key}` must be at most {MAX_SAFE_INTEGER} (2**53 - 1, the largest integer every "
-                "JSON reader reads exactly; null sets no limit)."
-            )
-    return None
 
 
 def _written_by_previous_run(info: workflow.Info) -> bool:

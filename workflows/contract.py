@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
-from workflows.inputs import clean_json, validation_text
+from workflows.inputs import MAX_SAFE_INTEGER, clean_json, validation_text
 from workflows.models import (
     AgentMessage,
     AssistantMessage,
@@ -352,6 +352,20 @@ def start_input_problem(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def past_safe_integer(settings: dict[str, Any]) -> str | None:
+    """Why a setting's number is refused: past 2**53 - 1 an integer is read
+    inexactly by JSON readers of other languages (JavaScript's), so `state`
+    would report another limit back; None when none is. (Every integer
+    setting is at least 1: one below is refused by its own check.)"""
+    for key, value in settings.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SAFE_INTEGER:
+            return (
+                f"`{key}` must be at most {MAX_SAFE_INTEGER} (2**53 - 1, the largest integer every "
+                "JSON reader reads exactly; null sets no limit)."
+            )
+    return None
+
+
 __all__ = [
     "AgentSettings",
     "ApprovalRequest",
@@ -374,5 +388,6 @@ __all__ = [
     "ToolExecutionMode",
     "ToolOutcome",
     "WaitForIdleResult",
+    "past_safe_integer",
     "start_input_problem",
 ]
