@@ -556,6 +556,34 @@ async def counters_timer(client: Client, server: ScriptedModelServer, model: str
     return handle
 
 
+async def cleared_queues_close(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """A closeWhenIdle conversation that an abort left idle with a follow-up
+    queued completes once ``clear_queues`` drops it (cleared-queues-complete;
+    before, it stayed open: the prompt and the ``close`` sent here then
+    make commands the new path never makes)."""
+    server.script(
+        model, [{"text": "a slow answer " * 40, "delay_ms": 50, "chunk_chars": 4}, {"text": "open still"}]
+    )
+    handle = await start(client, model, prompt="hi", closeWhenIdle=True)
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("message_update")
+    await handle.signal("follow_up", "later")
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    await handle.execute_update("clear_queues", "all")
+    try:
+        await asyncio.wait_for(handle.result(), 5)
+    except TimeoutError:  # the old path: it stays open
+        await handle.execute_update("prompt", "still there?")
+        await handle.execute_update("wait_for_idle")
+        await handle.signal("close")
+        await handle.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -584,6 +612,7 @@ SCENARIOS: dict[str, Scenario] = {
     "reset_counters": reset_counters,
     "sequential_hook_view": sequential_hook_view,
     "counters_timer": counters_timer,
+    "cleared_queues_close": cleared_queues_close,
 }
 
 

@@ -541,6 +541,34 @@ async def test_close_when_idle_waits_for_a_first_run_when_started_without_a_prom
     assert [m.role for m in result.messages] == ["user", "assistant"]
 
 
+async def test_close_when_idle_completes_once_clear_queues_drops_what_an_abort_left_queued(
+    stack: Stack,
+) -> None:
+    """README: a run ended by ``abort`` leaves its queued messages queued, so
+    a closeWhenIdle conversation stays open "until `continue` runs them,
+    `clear_queues` drops them or `close` ends it". Dropped, it stayed open
+    until a ``close`` (a README audit); now it completes."""
+    stack.script({"text": "a slow answer " * 40, "delay_ms": 50, "chunk_chars": 4})
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    await log.wait_for_type("message_update")
+    await handle.signal("follow_up", "later")
+    await handle.signal("abort")  # after the follow-up: signals are applied in order
+    await log.wait_for_type("agent_end")
+    log.close()
+    await asyncio.sleep(1.0)
+    state = await handle.query("state", result_type=dict)
+    assert (state["status"], state["followUpQueue"]) == ("idle", 1)  # kept, as pi keeps it
+
+    removed = await handle.execute_update("clear_queues", "all")
+
+    assert [m["content"] for m in removed] == ["later"]
+    result = await asyncio.wait_for(handle.result(), 10)
+    assert [m.role for m in result.messages] == ["user", "assistant"]
+    assert result.messages[-1].stop_reason == "aborted"  # type: ignore[union-attr]
+    assert (await handle.query("state", result_type=dict))["status"] == "closed"
+
+
 async def test_concurrent_decisions_on_one_call_are_taken_once(stack: Stack) -> None:
     """SPEC §9: approve_tool on an "already decided id" is refused. Several
     decisions sent at once (two people clicking) are all answered, exactly

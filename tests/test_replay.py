@@ -63,7 +63,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # and an abort taken at a turn boundary kept the follow-ups queued (v17:
 # every scenario, sequential_hook_view on its old path); with the fourteenth,
 # before the counters' upsert and an approval's deadline waited for a timer
-# rather than the clock (v18: every scenario).
+# rather than the clock (v18: every scenario); before clear_queues completed a
+# closeWhenIdle conversation an abort had left with queued messages (v19:
+# that scenario only, the patch has its own marker).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -80,6 +82,7 @@ V15 = sorted((ROOT / "v15").glob("*.json"))
 V16 = sorted((ROOT / "v16").glob("*.json"))
 V17 = sorted((ROOT / "v17").glob("*.json"))
 V18 = sorted((ROOT / "v18").glob("*.json"))
+V19 = sorted((ROOT / "v19").glob("*.json"))
 
 
 def _stem(path: Path) -> str:
@@ -88,9 +91,10 @@ def _stem(path: Path) -> str:
 
 LATEST = {"sequential_hook_view"}
 """Scenarios recorded only from v17 on (their old paths in v17)."""
-NEWEST = {"counters_timer"}
-"""Scenarios recorded only by the current version (clock-free-commands: a
-path no earlier version had)."""
+NEWEST = {"counters_timer", "cleared_queues_close"}
+"""Scenarios first recorded by the current version: counters_timer
+(clock-free-commands: a path no earlier version had) and
+cleared_queues_close (its old path in v19)."""
 LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"} | LATEST
 """Scenarios recorded only from v15 on (their old paths in v15), and the latest."""
 
@@ -120,6 +124,7 @@ def test_there_are_recorded_histories() -> None:
         "reset_counters",  # a reset: the counters at once
         "sequential_hook_view",  # a hook handed its sequential batch's earlier result
         "counters_timer",  # the counters' timer fires during a long tool
+        "cleared_queues_close",  # clear_queues empties a closeWhenIdle conversation's queues
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
@@ -240,6 +245,8 @@ def test_there_are_recorded_histories() -> None:
     # Every scenario, recorded with the fourteenth (agent-2026-12-m): the
     # counters and approval deadlines decided by the clock.
     assert {_stem(p) for p in V18} == ({_stem(p) for p in CURRENT} - NEWEST)
+    # Recorded before cleared-queues-complete (its old path: open until a close).
+    assert {_stem(p) for p in V19} == {"cleared_queues_close"}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -258,10 +265,29 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4 + V2 + V1,
+    CURRENT
+    + V19
+    + V18
+    + V17
+    + V16
+    + V15
+    + V14
+    + V13
+    + V12
+    + V11
+    + V10
+    + V9
+    + V8
+    + V7
+    + V6
+    + V5
+    + V4
+    + V2
+    + V1,
     ids=[
         str(p.relative_to(ROOT))
         for p in CURRENT
+        + V19
         + V18
         + V17
         + V16
@@ -287,10 +313,26 @@ async def test_recorded_history_replays(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    CURRENT + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
+    CURRENT + V19 + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
     ids=[
         str(p.relative_to(ROOT))
-        for p in CURRENT + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+        for p in CURRENT
+        + V19
+        + V18
+        + V17
+        + V16
+        + V15
+        + V14
+        + V13
+        + V12
+        + V11
+        + V10
+        + V9
+        + V8
+        + V7
+        + V6
+        + V5
+        + V4
     ],
 )
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:

@@ -204,6 +204,11 @@ MODEL_CALL_LIMIT_AGAIN_PATCH = "model-call-limit-again"
 # A start input setting past 2**53 - 1 fails the start, as `configure` refuses
 # it; before this patch it was taken (and `state` reported it back as given).
 START_INPUT_SAFE_INTEGERS_PATCH = "start-input-safe-integers"
+# A closeWhenIdle conversation left idle with queued messages (a run ended by
+# an abort keeps them) completes once `clear_queues` empties the queues, as
+# the README says; before this patch it stayed open until a `close` (a README
+# audit). Asked only then (its own marker), so no other run records it.
+CLEARED_QUEUES_COMPLETE_PATCH = "cleared-queues-complete"
 
 
 DETAILS_ITEMS = 10
@@ -281,6 +286,7 @@ class AgentWorkflow:
         self._calls_counted: tuple[AgentMessage, int] | None = None
         self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
+        self._idle_again = False  # clear_queues left a closeWhenIdle conversation complete
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
         if session_input.prompt is not None and self._input_error is None:
             try:
@@ -388,6 +394,7 @@ class AgentWorkflow:
                     or session.closing
                     or self._continue_as_new_due()
                     or self._idle_switch_wanted()
+                    or self._idle_again
                 )
             )
             if session.pending is not None:
@@ -396,6 +403,8 @@ class AgentWorkflow:
             elif session.closing:
                 await self._let_subscribers_catch_up()
                 break
+            elif self._idle_again:
+                self._idle_again = False  # the top of the loop completes it
             elif self._continue_as_new_due() or self._versions.has(IDLE_SWITCH_PATCH):
                 await self._continue_as_new(idle=True)
             else:
@@ -963,6 +972,13 @@ class AgentWorkflow:
         which = single_argument(args, "clear_queues", optional=True) or "all"
         removed = self._session.clear_queues(which)
         self._update_details()
+        if (
+            removed
+            and self._completing_when_idle()
+            and not self._session.closing
+            and workflow.patched(CLEARED_QUEUES_COMPLETE_PATCH)
+        ):
+            self._idle_again = True
         return removed
 
     @clear_queues.validator
