@@ -58,7 +58,12 @@ from runtime.settings import DEFAULT_MAX_DECOMPRESSED_BYTES, Settings
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8081
 # The dev server's UI (temporal server start-dev) and compose's UI.
-DEFAULT_CORS_ORIGINS = ("http://localhost:8233", "http://127.0.0.1:8233", "http://localhost:8080")
+DEFAULT_CORS_ORIGINS = (
+    "http://localhost:8233",
+    "http://127.0.0.1:8233",
+    "http://localhost:8080",
+    "http://127.0.0.1:8080",
+)
 # A batch of payloads, each up to Temporal's 2 MB limit, as base64 in JSON.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # One request of 600,000 tiny payloads took 25 s of the server's one thread,

@@ -348,6 +348,7 @@ def test_settings_come_from_the_command_line_then_the_environment(monkeypatch: p
         "http://localhost:8233",
         "http://127.0.0.1:8233",
         "http://localhost:8080",
+        "http://127.0.0.1:8080",  # compose's UI, as its browser may name it
     }
 
     monkeypatch.setenv("AGENT_CODEC_CORS_ORIGINS", "https://ui.example, http://localhost:9000/")
