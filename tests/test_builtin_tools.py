@@ -1155,20 +1155,11 @@ async def test_an_error_message_is_capped_as_a_result_is(no_stream: None, tmp_pa
     assert Path(outcome.details["fullOutputPath"]).read_text() == "x" * 10_000
 
 
-class _EncodingStream:
+class _EncodingStream(_Recording):
     """A stream that writes each batch as the SDK's converter would (UTF-8
     JSON), so what it cannot write fails the flush, as the real one does."""
 
     sent: ClassVar[list[Any]] = []  # what every such stream sent, in order
-
-    def __init__(self) -> None:
-        self.pending: list[Any] = []
-
-    def topic(self, _name: str) -> Any:
-        return self
-
-    def publish(self, event: Any) -> None:
-        self.pending.append(event)
 
     async def flush(self) -> None:
         for event in self.pending:

@@ -85,6 +85,36 @@ V18 = sorted((ROOT / "v18").glob("*.json"))
 V19 = sorted((ROOT / "v19").glob("*.json"))
 
 
+RECORDED = (
+    CURRENT
+    + V19
+    + V18
+    + V17
+    + V16
+    + V15
+    + V14
+    + V13
+    + V12
+    + V11
+    + V10
+    + V9
+    + V8
+    + V7
+    + V6
+    + V5
+    + V4
+    + V2
+    + V1
+)
+"""Every recorded history, newest first."""
+DECLARED = CURRENT + V19 + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+"""The histories of conversations that recorded their tool declarations (v4 on)."""
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
 def _stem(path: Path) -> str:
     return path.stem.rsplit("_", 1)[0] if path.stem[-1].isdigit() else path.stem
 
@@ -263,78 +293,12 @@ async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
     await replayer.replay_workflow(history)
 
 
-@pytest.mark.parametrize(
-    "path",
-    CURRENT
-    + V19
-    + V18
-    + V17
-    + V16
-    + V15
-    + V14
-    + V13
-    + V12
-    + V11
-    + V10
-    + V9
-    + V8
-    + V7
-    + V6
-    + V5
-    + V4
-    + V2
-    + V1,
-    ids=[
-        str(p.relative_to(ROOT))
-        for p in CURRENT
-        + V19
-        + V18
-        + V17
-        + V16
-        + V15
-        + V14
-        + V13
-        + V12
-        + V11
-        + V10
-        + V9
-        + V8
-        + V7
-        + V6
-        + V5
-        + V4
-        + V2
-        + V1
-    ],
-)
+@pytest.mark.parametrize("path", RECORDED, ids=_ids(RECORDED))
 async def test_recorded_history_replays(path: Path) -> None:
     await replay(path, {d.name: d for d in declarations(registered_tools())})
 
 
-@pytest.mark.parametrize(
-    "path",
-    CURRENT + V19 + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4,
-    ids=[
-        str(p.relative_to(ROOT))
-        for p in CURRENT
-        + V19
-        + V18
-        + V17
-        + V16
-        + V15
-        + V14
-        + V13
-        + V12
-        + V11
-        + V10
-        + V9
-        + V8
-        + V7
-        + V6
-        + V5
-        + V4
-    ],
-)
+@pytest.mark.parametrize("path", DECLARED, ids=_ids(DECLARED))
 async def test_current_histories_replay_on_a_worker_with_other_tools(path: Path) -> None:
     """The worker lacks `echo` and declares `sequential_echo` parallel: a
     conversation that recorded its declarations does not care."""
