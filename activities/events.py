@@ -153,6 +153,9 @@ class ActivityEventPublisher:
             # queued before the thread's work is seen to end).
             self._loop.call_soon_threadsafe(self._buffer_event, event, flush)
             return
+        if self._budget == 0:  # held for the result, where a call's latest progress will do
+            _replace_progress(self._buffer, event)
+            return
         _append_merged(self._buffer, event)
         if self._loop_task is None and not self._closing:
             self._loop_task = asyncio.get_running_loop().create_task(self._flush_loop())
@@ -227,6 +230,20 @@ class ActivityEventPublisher:
             logger.warning("Publishing events failed, will retry: %s", err)
         else:
             self._unsent.clear()
+
+
+def _replace_progress(buffer: list[dict[str, Any]], event: dict[str, Any]) -> None:
+    """Append ``event``; a tool call's progress replaces its progress just
+    before it (each is the whole partial result so far)."""
+    if (
+        event.get("type") == "tool_execution_update"
+        and buffer
+        and buffer[-1].get("type") == "tool_execution_update"
+        and buffer[-1].get("toolCallId") == event.get("toolCallId")
+    ):
+        buffer[-1] = event
+        return
+    _append_merged(buffer, event)
 
 
 def _append_merged(buffer: list[dict[str, Any]], event: dict[str, Any]) -> None:

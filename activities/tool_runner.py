@@ -110,9 +110,12 @@ class ToolActivities:
                 raise
             said = f'Validation failed for tool "{call.name}": {failure_text(err)}'
             return self._capped_error(said, info.workflow_id or "", key)
-        async with ActivityEventPublisher(
-            request.stream_batch_ms, attempt_budget(request.max_batches, info.attempt)
-        ) as events:
+        # A local tool (the fast path) sends no signal: the workflow takes
+        # one only after the workflow task running the tool ends, so its
+        # progress reached subscribers after its result, stale (a crash
+        # test). Its events go with its result, its progress as the latest.
+        budget = 0 if info.is_local else attempt_budget(request.max_batches, info.attempt)
+        async with ActivityEventPublisher(request.stream_batch_ms, budget) as events:
             if info.attempt > 1:
                 # The attempt before did not report (its worker stopped, it
                 # stopped heartbeating): say so before the tool starts over,

@@ -750,6 +750,7 @@ async def run_t(
     *,
     attempt: int = 1,
     max_batches: int | None = None,
+    local: bool = False,
 ) -> ToolOutcome:
     request = ToolRequest(
         tool_call=ToolCall(id="c1", name="t", arguments=arguments or {}),
@@ -757,7 +758,7 @@ async def run_t(
         max_batches=max_batches,
     )
     environment = ActivityEnvironment()
-    environment.info = dataclasses.replace(environment.info, attempt=attempt)
+    environment.info = dataclasses.replace(environment.info, attempt=attempt, is_local=local)
     return await environment.run(runner.execute_tool, request)
 
 
@@ -964,6 +965,28 @@ async def test_a_tool_run_again_says_so_before_it_starts_over(monkeypatch: pytes
     ]
     assert [e["type"] for e in retried] == ["tool_execution_retry", "tool_execution_update"]
     assert flushed[0] == marks  # sent at once, before the tool went on
+
+
+async def test_a_local_tool_sends_no_signal_and_its_latest_progress_goes_with_its_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workflow takes a signal only after the workflow task that runs a
+    local tool ends: progress a local tool sent reached subscribers after
+    its result, stale. It sends none now; the latest goes with the result."""
+    flushed = recording(monkeypatch)
+
+    async def stepping(args: _NoArgs) -> str:
+        for step in range(1, 6):
+            report_progress(f"step {step}")
+            await asyncio.sleep(0.03)
+        return "done"
+
+    outcome = await run_t(runner_of(stepping), local=True)
+
+    assert flushed == []
+    assert [(e["type"], e["partialResult"]["content"][0]["text"]) for e in outcome.events] == [
+        ("tool_execution_update", "step 5")
+    ]
 
 
 async def test_a_tool_reporting_progress_often_sends_its_first_report_at_once_and_the_rest_in_batches(

@@ -144,6 +144,48 @@ async def test_worker_killed_while_a_tool_runs(
         print(f"\n[crash] SIGKILL during a tool: resumed after {resumed_after:.2f} s")
 
 
+async def test_worker_killed_while_a_local_tool_runs(
+    stack: Stack, workers: Workers, artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local tool (the fast path) runs inside a workflow task, and nothing
+    of it is recorded before that task completes: killed mid-call, the next
+    worker runs the call again from the start, as attempt 1, so no
+    ``tool_execution_retry`` marks it (README, the events). Its progress
+    comes with its result, before its ``tool_execution_end``: sent as
+    signals, it reached subscribers only after the task ended, after the
+    result (this test, before the change)."""
+    workers.env["AGENT_LOCAL_TOOLS"] = "slow"
+    first = workers.start()
+    reference = await run_undisturbed(stack, workers)
+
+    stack.script(*SCRIPT_TOOL_THEN_ANSWER)
+    handle = await start_on(stack, workers, "work slowly")
+    log = EventLog(stack.client, handle.id)
+    ledger = artifacts / "ledger.txt"
+    key = f"{handle.id}/tool-k1"
+    for _ in range(300):  # the tool has started: its workflow task holds the events till it ends
+        if key in ledger.read_text().splitlines():
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
+    killed_at = time.monotonic()
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    workers.start()
+    await log.wait_for_type("tool_execution_end", timeout=30)
+    resumed_after = time.monotonic() - killed_at
+    await log.wait_for_type("agent_end", timeout=60)
+    log.close()
+    assert comparable((await handle.result()).messages) == reference
+    assert ledger.read_text().splitlines().count(key) == 2  # it ran again
+    kinds = [e["type"] for e in log.events if e.get("toolCallId") == "k1"]
+    assert kinds == ["tool_execution_start", "tool_execution_update", "tool_execution_end"], kinds
+    progress = next(e for e in log.events if e["type"] == "tool_execution_update")
+    assert progress["partialResult"]["content"][0]["text"] == "step 3/3"  # the latest
+    with capsys.disabled():
+        print(f"\n[crash] SIGKILL during a local tool: resumed after {resumed_after:.2f} s")
+
+
 async def test_an_aborted_call_retried_on_a_new_worker_publishes_nothing_after_its_run(
     stack: Stack, workers: Workers
 ) -> None:
