@@ -286,7 +286,7 @@ class AgentWorkflow:
         self._calls_counted: tuple[AgentMessage, int] | None = None
         self._idle_waiters = 0  # wait_for_idle callers waiting for this run to end
         self._idle_switch_refused = False
-        self._idle_again = False  # clear_queues left a closeWhenIdle conversation complete
+        self._idle_again = False  # clear_queues emptied an idle closeWhenIdle conversation: it completes
         self._resumed_batch = carry.run is not None and carry.run.batch is not None
         if session_input.prompt is not None and self._input_error is None:
             try:
