@@ -22,6 +22,7 @@ import workflows.calls as calls_module
 from activities.tool_runner import ToolActivities
 from runtime.settings import Settings
 from tests.support.stack import Stack, finished_on_own_worker
+from workflows.contract import ToolRequest
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -69,6 +70,37 @@ async def test_local_tools_run_in_the_workflow_task(stack: Stack, worker_env: di
     assert scheduled.count("execute_tool") == 1, "only the remote tool is an activity task"
     markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     assert len(markers) >= 2, "the session defaults and the local tool are recorded as markers"
+
+
+async def test_local_tools_take_no_share_of_the_signals_the_others_are_granted(
+    stack: Stack, worker_env: dict[str, str]
+) -> None:
+    """A local tool sends no signal (its events go with its result), so the
+    tool calls running beside it are granted as if it were not there.
+    Before, each local call running took a share: a remote call started
+    after twelve local ones was granted a seventh of the budget it gets
+    alone, and its progress was paced accordingly."""
+    queue = f"local-{uuid.uuid4().hex[:6]}"
+    settings = replace(Settings.from_env(worker_env, task_queue=queue), local_tools=frozenset({"calculator"}))
+    locals_ = [call(f"l{i}", "calculator", expression=f"{i}+1") for i in range(12)]
+    stack.script({"tool_calls": [*locals_, call("r1", "echo", text="remote")]}, {"text": "done"})
+    handle, result, _ = await finished_on_own_worker(stack, settings, "go")
+    assert result.messages[-1].text == "done"
+    [request] = [
+        request
+        for event in (await handle.fetch_history()).events
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and event.activity_task_scheduled_event_attributes.activity_type.name == "execute_tool"
+        for request in await stack.client.data_converter.decode(
+            event.activity_task_scheduled_event_attributes.input.payloads, [ToolRequest]
+        )
+    ]
+    # Alone it is given half of what is left, halved again for its retries
+    # (less a batch or two the model call may have sent on a slow machine);
+    # a seventh of that before.
+    alone = (calls_module.SIGNAL_LIMIT - calls_module.SIGNAL_RESERVE) // 4
+    assert request.tool_call.id == "r1" and request.max_batches is not None
+    assert alone - 5 <= request.max_batches <= alone
 
 
 async def test_a_local_tool_failing_as_an_activity_is_the_calls_error_not_the_conversations(

@@ -105,6 +105,7 @@ class ActivityCalls:
         self._now_ms = now_ms
         self._llm: workflow.ActivityHandle[LlmResult] | None = None
         self._tools: dict[str, workflow.ActivityHandle[ToolOutcome]] = {}
+        self._local_tools: set[str] = set()  # the ids in ``_tools`` run as local activities
         self._activity_ids: set[str] = set()
         self._wave = asyncio.Semaphore(MAX_TOOL_ACTIVITIES_AT_ONCE)
         self._argument_bytes = 0  # of the tool activities running
@@ -354,7 +355,9 @@ class ActivityCalls:
             # A share that leaves room for the calls of the batch that start
             # after it: the k-th call running at once gets 1/(2(k+1)) of what
             # is left, and all of them together never more than all of it.
-            max_batches=self._batch_budget(share=len(self._tools) + 2),
+            # A local tool sends no signal (its events go with its result):
+            # it is given none and takes no share.
+            max_batches=0 if tool.local else self._batch_budget(share=self._signalling_tools() + 2),
             raw_arguments=_raw_arguments(prepared),
         )
         cancellation = (
@@ -391,6 +394,8 @@ class ActivityCalls:
                 summary=summary,
             )
         self._tools[call.id] = handle
+        if tool.local:
+            self._local_tools.add(call.id)
         self._grant(handle, request.max_batches)
         self.on_change()
         try:
@@ -407,6 +412,7 @@ class ActivityCalls:
         finally:
             self._tools.pop(call.id, None)
             if tool.local:
+                self._local_tools.discard(call.id)
                 self._local_results_unsaved = True
             self.on_change()
         for event in outcome.events:
@@ -430,6 +436,10 @@ class ActivityCalls:
         workflow_id, execution = workflow.info().workflow_id, self._session.continued_runs
         key = f"{workflow_id}/{activity_id}" if execution == 0 else f"{workflow_id}/{execution}/{activity_id}"
         return activity_id, key
+
+    def _signalling_tools(self) -> int:
+        """The tool calls running that may send event batches as signals."""
+        return len(self._tools) - len(self._local_tools)
 
     def _batch_budget(self, share: int = 1) -> int:
         """How many event batches one call may publish: ``1/share`` of what
