@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from tests.support.stack import EventLog, Stack
 from tests.test_robustness import deep, raw_json
+from workflows.contract import SessionResult
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -541,15 +542,20 @@ async def test_close_when_idle_waits_for_a_first_run_when_started_without_a_prom
     assert [m.role for m in result.messages] == ["user", "assistant"]
 
 
+@pytest.mark.parametrize("switched", [False, True], ids=["same-run", "after-continue-as-new"])
 async def test_close_when_idle_completes_once_clear_queues_drops_what_an_abort_left_queued(
-    stack: Stack,
+    stack: Stack, switched: bool
 ) -> None:
     """README: a run ended by ``abort`` leaves its queued messages queued, so
     a closeWhenIdle conversation stays open "until `continue` runs them,
     `clear_queues` drops them or `close` ends it". Dropped, it stayed open
-    until a ``close`` (a README audit); now it completes."""
+    until a ``close`` (a README audit); now it completes. Also once it
+    continued as new while it waited (``continueAsNewAfterTurns``, a long
+    history): the next run did not know a run had ended (a review)."""
     stack.script({"text": "a slow answer " * 40, "delay_ms": 50, "chunk_chars": 4})
-    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    start: dict[str, Any] = {"continueAsNewAfterTurns": 1} if switched else {}
+    handle = await stack.start(prompt="hi", closeWhenIdle=True, **start)
+    first_run = (await handle.describe()).run_id
     log = EventLog(stack.client, handle.id)
     await log.wait_for_type("message_update")
     await handle.signal("follow_up", "later")
@@ -557,6 +563,8 @@ async def test_close_when_idle_completes_once_clear_queues_drops_what_an_abort_l
     await log.wait_for_type("agent_end")
     log.close()
     await asyncio.sleep(1.0)
+    handle = stack.client.get_workflow_handle(handle.id, result_type=SessionResult)  # the latest run
+    assert ((await handle.describe()).run_id != first_run) == switched
     state = await handle.query("state", result_type=dict)
     assert (state["status"], state["followUpQueue"]) == ("idle", 1)  # kept, as pi keeps it
 

@@ -151,6 +151,10 @@ class SessionCarry(WireModel):
     """The tool declarations recorded when the conversation started."""
     abort_requested: bool = False
     closing: bool = False
+    run_ended: bool = False
+    """A run ended and no other started since (a ``closeWhenIdle``
+    conversation completes once nothing is queued); False in a carry
+    written before it was carried."""
     pending: PendingRun | None = None
     error_message: str | None = None
     last_stop_reason: StopReason | None = None

@@ -92,7 +92,11 @@ class Session:
         self.context_ref = carry.context_ref
         self.context_length = carry.context_length
         self.continued_runs = carry.continued_runs
-        self.run_ended = False  # a run ended and no other started since
+        # A run ended and no other started since. Carried: a closeWhenIdle
+        # conversation an abort left idle with messages queued may continue
+        # as new while it waits, and its next run did not complete once
+        # ``clear_queues`` dropped them (a review).
+        self.run_ended = carry.run_ended
         # Calls started and not ended; a batch resumed after continue-as-new
         # has only calls waiting for approval open (they count as pending).
         batch = carry.run.batch if carry.run is not None else None
@@ -372,6 +376,7 @@ class Session:
             tools=list(self.declared.values()) if self.declared is not None else None,
             abort_requested=self.abort_requested,
             closing=self.closing,
+            run_ended=self.run_ended,
             pending=self.pending,
             error_message=self.error_message,
             last_stop_reason=self.last_stop_reason,
