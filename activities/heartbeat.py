@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 HEARTBEAT_EVERY = 0.5
 
@@ -52,9 +53,29 @@ async def heartbeating() -> AsyncIterator[None]:
 def retry_reason(info: activity.Info) -> str:
     """Why the attempt before this one failed, as its ``message_retry`` or
     ``tool_execution_retry`` says: the reason that attempt sent in its last
-    heartbeat, ``(attempt, reason)``, as a failing model call does; or,
-    when it sent none, that it did not report."""
+    heartbeat, ``(attempt, reason[, announced])``, as a failing model call
+    does; or, when it sent none, that it did not report."""
     details = info.heartbeat_details
-    if len(details) == 2 and details[0] == info.attempt - 1 and isinstance(details[1], str):
+    if len(details) in (2, 3) and details[0] == info.attempt - 1 and isinstance(details[1], str):
         return details[1]
     return "its worker stopped, or it ran out of time"
+
+
+def retry_announced(info: activity.Info) -> bool:
+    """The attempt before this one published this attempt's retry event
+    itself as it failed (its last heartbeat ``(attempt, reason, True)``)."""
+    details = info.heartbeat_details
+    return len(details) == 3 and details[0] == info.attempt - 1 and details[2] is True
+
+
+def will_retry(failure: ApplicationError, info: activity.Info) -> bool:
+    """Temporal will run the activity again after ``failure``: it is
+    retryable, by its own flag and the retry policy's error types, and the
+    policy has attempts left (a local activity's retries are the workflow
+    task's: not counted here). An abort may still cancel that retry."""
+    policy = info.retry_policy
+    if info.is_local or failure.non_retryable or policy is None:
+        return False
+    if failure.type is not None and failure.type in (policy.non_retryable_error_types or ()):
+        return False
+    return policy.maximum_attempts == 0 or info.attempt < policy.maximum_attempts

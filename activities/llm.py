@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.context_store import ContextMissing, ContextStore, Manifest
 from activities.events import ActivityEventPublisher, attempt_budget
-from activities.heartbeat import heartbeating, retry_reason
+from activities.heartbeat import heartbeating, retry_announced, retry_reason, will_retry
 from activities.model_http import ChatPoster, Chunks, NotAnEventStream, stream_error
 from activities.openai_chat import (
     ConversionMemo,
@@ -138,28 +138,34 @@ class LlmActivities:
     async def stream_assistant_response(self, request: LlmRequest) -> LlmResult:
         info = activity.info()
         poster = self._model_poster()
+        notice = _RetryNotice()
         # Heartbeats from the start: loading a stored context (S3) and the
         # worker's context transform may take seconds before the request
         # goes out, and the heartbeat timeout counts from the start.
         try:
             async with heartbeating():
-                return await self._answer(request, info, poster)
+                return await self._answer(request, info, poster, notice)
         except Exception as err:
             if not info.is_local and not (isinstance(err, ApplicationError) and err.non_retryable):
                 # Its last heartbeat's details reach the next attempt, whose
-                # message_retry event says why (the SDK sends it before the failure).
-                activity.heartbeat(info.attempt, _failure_reason(err))
+                # message_retry event says why (the SDK sends it before the
+                # failure), unless this attempt has delivered that event.
+                activity.heartbeat(info.attempt, _failure_reason(err), notice.delivered())
             raise
 
-    async def _answer(self, request: LlmRequest, info: activity.Info, poster: ChatPoster) -> LlmResult:
+    async def _answer(
+        self, request: LlmRequest, info: activity.Info, poster: ChatPoster, notice: _RetryNotice
+    ) -> LlmResult:
         stored, context = await self._context_of(request)
         params = await self._request_params(request, context)
         assembler = StreamAssembler(request.model)
         budget = attempt_budget(request.max_batches, info.attempt)
-        publisher = ActivityEventPublisher(request.stream_batch_ms, budget, call=request.stream_call)
+        publisher = notice.publisher = ActivityEventPublisher(
+            request.stream_batch_ms, budget, call=request.stream_call
+        )
         metrics = _ModelMetrics(request.model)
         async with publisher as events:
-            if info.attempt > 1:
+            if info.attempt > 1 and not retry_announced(info):
                 events.publish(MessageRetryEvent(attempt=info.attempt, reason=retry_reason(info)), flush=True)
             try:
                 try:
@@ -178,6 +184,15 @@ class LlmActivities:
                 # Not ``from err``: the cause's text (the server's raw body) would be stored too.
                 failure = _classify(err, self._secrets, streaming=assembler.started)
                 metrics.failed(failure.type or "Unknown")
+                if will_retry(failure, info):
+                    # Said now, not as the next attempt starts: that may be
+                    # minutes away (a Retry-After, the backoff), and the
+                    # stream was silent meanwhile (a fault audit).
+                    events.publish(
+                        MessageRetryEvent(attempt=info.attempt + 1, reason=_failure_reason(failure)),
+                        flush=True,
+                    )
+                    notice.published = True
                 raise failure from None
             metrics.answered(message)
             for event in closing:
@@ -442,11 +457,29 @@ def _classify(
     )
 
 
+class _RetryNotice:
+    """Whether a failing attempt delivered the next one's ``message_retry``
+    itself: published, and not left over when its publisher closed (no
+    signal budget, or the run took no more signals)."""
+
+    def __init__(self) -> None:
+        self.publisher: ActivityEventPublisher | None = None
+        self.published = False
+
+    def delivered(self) -> bool:
+        tail = self.publisher.tail if self.publisher is not None else []
+        return self.published and not any(event.get("type") == "message_retry" for event in tail)
+
+
 def _failure_reason(err: Exception) -> str:
     """Why an attempt failed, as the next attempt's ``message_retry`` says:
-    the classified failure's sentence (scrubbed of secrets), else only the
-    exception's type (its text was not scrubbed)."""
-    return err.message if isinstance(err, ApplicationError) else type(err).__name__
+    the classified failure's sentence (scrubbed of secrets) and the wait the
+    server asked for, else only the exception's type (its text was not
+    scrubbed)."""
+    if not isinstance(err, ApplicationError):
+        return type(err).__name__
+    wait = err.next_retry_delay  # the server's Retry-After
+    return err.message if wait is None else f"{err.message} (Retry-After: {wait.total_seconds():g} s)"
 
 
 def _reason_of(err: openai.APIConnectionError) -> str:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx2
 import openai
 import pytest
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import ActivityEnvironment
 
+from activities.heartbeat import will_retry
 from activities.llm import LlmActivities, _classify
 from activities.openai_chat import (
     MAX_TOOL_CALLS_PER_ANSWER,
@@ -1246,3 +1249,28 @@ def test_a_calls_arguments_go_back_as_json() -> None:
     result = ToolResultMessage(tool_call_id="a", tool_name="echo", content=[TextContent(text="ok")])
     sent = to_openai_messages(None, [GO, _turn_of(call), result])
     assert json.loads(sent[1]["tool_calls"][0]["function"]["arguments"]) == call.arguments
+
+
+@pytest.mark.parametrize(
+    ("attempt", "failure", "local", "expected"),
+    [
+        (1, ApplicationError("The model server answered 500: x", type="ModelHttp500"), False, True),
+        (4, ApplicationError("The model server answered 500: x", type="ModelHttp500"), False, True),
+        (5, ApplicationError("The model server answered 500: x", type="ModelHttp500"), False, False),
+        (1, ApplicationError("answered 400", type="ModelHttp400", non_retryable=True), False, False),
+        (1, ApplicationError("refused by the policy", type="Refused"), False, False),
+        (1, ApplicationError("The model server answered 500: x", type="ModelHttp500"), True, False),
+    ],
+    ids=["first", "fourth", "last", "non-retryable", "policy-refuses-type", "local"],
+)
+def test_a_failing_attempt_announces_a_retry_only_when_temporal_will_make_one(
+    attempt: int, failure: ApplicationError, local: bool, expected: bool
+) -> None:
+    """``message_retry`` goes out as the attempt fails only when another
+    attempt follows: not after the last one (its error ends the message),
+    nor after a failure the error's flag or the policy's error types keep
+    from being retried, nor from a local activity (its retries are the
+    workflow task's)."""
+    policy = RetryPolicy(maximum_attempts=5, non_retryable_error_types=["Refused"])
+    info = replace(ActivityEnvironment.default_info(), attempt=attempt, retry_policy=policy, is_local=local)
+    assert will_retry(failure, info) is expected

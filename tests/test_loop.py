@@ -391,6 +391,36 @@ async def test_rate_limit_is_retried_after_retry_after(stack: Stack) -> None:
     assert len(requests) == 2
 
 
+async def test_a_retry_is_announced_as_its_attempt_fails_not_as_the_next_starts(stack: Stack) -> None:
+    """A 429 asking to wait 4 s: ``message_retry`` reaches subscribers as
+    the attempt fails, before the wait, not 4 s later as the next attempt
+    starts (the stream was silent meanwhile, up to the 5 minutes a
+    Retry-After may ask: a fault audit). The next attempt does not say it
+    again."""
+    stack.script(
+        {"fault": {"kind": "status", "status": 429, "retry_after": 4, "message": "slow down"}},
+        {"text": "made it"},
+    )
+    handle = await stack.start(prompt="hi", closeWhenIdle=True)
+    log = EventLog(stack.client, handle.id)
+    started = asyncio.get_running_loop().time()
+    seen = await log.wait_for_type("message_retry", timeout=3)
+    [retry] = [e for e in seen if e["type"] == "message_retry"]
+    assert asyncio.get_running_loop().time() - started < 3
+    assert len(stack.requests()) == 1, "told before the next attempt asked the model"
+    assert retry["attempt"] == 2
+    assert retry["reason"] == "The model server answered 429: slow down (Retry-After: 4 s)"
+    assert (await handle.result()).messages[-1].text == "made it"
+    events = await log.wait_for_type("agent_end")
+    log.close()
+    assert [e["attempt"] for e in events if e["type"] == "message_retry"] == [2]
+    assert [
+        e.get("attempt")
+        for e in events
+        if e["type"] == "message_start" and e["message"]["role"] == "assistant"
+    ] == [2]
+
+
 async def test_retried_attempt_is_marked_on_the_stream(stack: Stack) -> None:
     stack.script(
         {"text": "partial answer that will be dropped", "fault": {"kind": "drop", "after_chunks": 4}},
