@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 
 from client import Conversation
-from console.render import EventRenderer
+from console.render import EventRenderer, output_console
 from runtime.connect import connect
 from runtime.settings import Settings
 from testbed.local_stack import CodecServer, DevServer, start_scripted_model, start_worker, stop_process
@@ -195,7 +195,7 @@ async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
 
 
 def main() -> None:
-    console = Console()
+    console = output_console()
     outcome = [0]  # interrupted before the end: 0, as a Ctrl-C always was
     try:
         code = asyncio.run(run_demo(console, outcome))

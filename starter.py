@@ -34,7 +34,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
@@ -50,7 +49,7 @@ from client import (
     list_conversations,
 )
 from console import EventRenderer, approval_hint, chat, skipped_note, watch
-from console.render import end_streamed_line, terminal_safe
+from console.render import end_streamed_line, output_console, terminal_safe
 from runtime.connect import ServerUnreachable, connect
 from runtime.settings import Settings, SettingsError
 from workflows.arguments import clean_text
@@ -142,7 +141,7 @@ async def _stream_run(
 ) -> int | None:
     """Render events up to the first ``agent_end``: 1 when that run ended in
     error, 0 otherwise, None when the conversation ended before a run did."""
-    console = Console()
+    console = output_console()
     renderer = EventRenderer(console)
     async for _, event in events:
         renderer.render(event)

@@ -46,7 +46,7 @@ from client import (
     StoppedWaiting,
 )
 from console.above_prompt import AbovePromptWriter
-from console.render import EventRenderer, skipped_note, terminal_safe
+from console.render import EventRenderer, output_console, shell_word, skipped_note, terminal_safe
 from runtime.settings import Settings
 
 HELP = """\
@@ -140,7 +140,7 @@ class ChatSession:
         )
         self._writer: AbovePromptWriter | None = None
         self._renderer: EventRenderer | None = None
-        self._notes = Console()  # prints to sys.stdout as it is at the time: the patched one
+        self._notes = output_console()  # prints to sys.stdout as it is at the time: the patched one
         self._aborting = False
         self._run_active = False  # as the events tell it: the prompt says whether Enter steers
         self._shown_up_to = 0  # the offset of the next event to show
@@ -213,12 +213,12 @@ class ChatSession:
                 count = await self._message_count()
                 of = f" (of its {count})" if count is not None else ""
                 print(f"Go on from its first N messages{of} in a new conversation with:")
-                print(f"  python starter.py fork {conversation_id} --at N")
+                print(terminal_safe(f"  python starter.py fork {shell_word(conversation_id)} --at N"))
             else:
                 if ended is not None:
                     print(terminal_safe(ended))
                 print("Left the chat; the conversation goes on. Re-attach with:")
-                print(f"  python starter.py chat --id {conversation_id}")
+                print(terminal_safe(f"  python starter.py chat --id {shell_word(conversation_id)}"))
         return 0 if ended in (None, _CONVERSATION_ENDED) else 1
 
     async def _run_tasks(self, offset: int) -> str | None:
@@ -298,7 +298,7 @@ class ChatSession:
                         waiting = ", ".join(self._approvals)
                         self._say(
                             f"Tool call(s) {waiting} wait for approval: python starter.py approve "
-                            f"{self._conversation.id} CALL_ID [--reject] decides one.",
+                            f"{shell_word(self._conversation.id)} CALL_ID [--reject] decides one.",
                             "yellow",
                         )
                 return

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -35,6 +37,21 @@ _INJECTED = "bold magenta"
 _QUEUE_LABELS = {"steering": "steer", "followUp": "follow-up"}
 _ERROR = "red"
 _WARNING = "yellow"
+
+
+def shell_word(text: str) -> str:
+    """``text`` (an id) as one word a user can paste into a shell, with no
+    terminal control sequence: an id with spaces pasted unquoted failed with
+    "unrecognized arguments" (a new user's audit)."""
+    return shlex.quote(terminal_safe(text))
+
+
+def output_console() -> Console:
+    """A console on ``sys.stdout`` (as it is at each print). Output that is
+    no terminal (a pipe, a log file, CI) is not wrapped: rich would cut
+    every line at 80 columns, some mid-word, mangling logs and what
+    scripts read (a new user's audit)."""
+    return Console(soft_wrap=not sys.stdout.isatty())
 
 
 _CONTROLS = re.compile(

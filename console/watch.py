@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.text import Text
 
 from client import Conversation
-from console.render import EventRenderer, json_line, skipped_note, terminal_safe
+from console.render import EventRenderer, json_line, output_console, shell_word, skipped_note, terminal_safe
 
 
 async def watch(conversation: Conversation, *, as_json: bool, from_offset: int = 0) -> None:
     """Print events from ``from_offset`` until the workflow completes (or
     Ctrl-C): rendered, or as one JSON object per line with its ``offset``."""
-    console = Console()
+    console = output_console()
     renderer = EventRenderer(console)
 
     def skipped(first: int, next_offset: int) -> None:
@@ -80,6 +80,9 @@ async def _say_when_no_worker_answers(conversation: Conversation) -> None:
 def approval_hint(conversation_id: str, call_id: str) -> Text:
     """How to decide a waiting call from another terminal (printed by watch and run)."""
     return Text(
-        terminal_safe(f"  decide: python starter.py approve {conversation_id} {call_id} [--reject]"),
+        terminal_safe(
+            f"  decide: python starter.py approve {shell_word(conversation_id)} "
+            f"{shell_word(call_id)} [--reject]"
+        ),
         style="dim",
     )

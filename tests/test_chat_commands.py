@@ -443,7 +443,10 @@ async def test_a_line_the_server_did_not_take_goes_back_into_the_input_line(
 async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The command to re-attach is quoted for the shell: pasted, an id with
+    spaces failed with "unrecognized arguments" (a new user's audit)."""
     fake = _Fake()
+    fake.id = "notes of may"
 
     async def events(*_: Any, **__: Any) -> Any:
         raise RuntimeError("the stream broke")
@@ -458,7 +461,7 @@ async def test_a_failed_event_stream_is_said_in_one_line_before_how_to_re_attach
     assert await chat.run(None, []) == 1  # the exit code: the chat gave up (it exited 0, an audit)
     out = capsys.readouterr().out
     assert "The event stream failed: the stream broke\nLeft the chat; the conversation goes on." in out
-    assert "python starter.py chat --id c" in out
+    assert "python starter.py chat --id 'notes of may'\n" in out
 
 
 async def test_a_request_the_server_stopped_answering_is_one_line_and_the_chat_goes_on(

@@ -7,12 +7,13 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import sys
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from console.render import EventRenderer, end_streamed_line, json_line
+from console.render import EventRenderer, end_streamed_line, json_line, output_console
 from tests.test_console import assistant, user
 
 watch_module = importlib.import_module("console.watch")  # `console.watch` the name is the function
@@ -389,7 +390,7 @@ async def test_watch_starts_a_skipped_events_note_on_its_own_line(monkeypatch: A
 
     screen = io.StringIO()
     monkeypatch.setattr(
-        watch_module, "Console", lambda: Console(file=screen, width=5000, force_terminal=False)
+        watch_module, "output_console", lambda: Console(file=screen, width=5000, force_terminal=False)
     )
     monkeypatch.setattr(sys, "stderr", screen)
 
@@ -411,7 +412,7 @@ async def test_watch_says_how_it_ended_on_its_own_line_after_streamed_text(monke
 
     screen = io.StringIO()
     monkeypatch.setattr(
-        watch_module, "Console", lambda: Console(file=screen, width=5000, force_terminal=False)
+        watch_module, "output_console", lambda: Console(file=screen, width=5000, force_terminal=False)
     )
 
     await watch_module.watch(Cut(), as_json=False)  # type: ignore[arg-type]
@@ -491,7 +492,9 @@ class Ended:
 
 async def watched(monkeypatch: pytest.MonkeyPatch, conversation: Ended, *, as_json: bool = False) -> str:
     out = io.StringIO()
-    monkeypatch.setattr(watch_module, "Console", lambda: Console(file=out, width=200, force_terminal=True))
+    monkeypatch.setattr(
+        watch_module, "output_console", lambda: Console(file=out, width=200, force_terminal=True)
+    )
     await watch_module.watch(conversation, as_json=as_json)  # type: ignore[arg-type]
     return out.getvalue()
 
@@ -572,3 +575,16 @@ def test_a_note_printed_while_tokens_stream_starts_a_line_of_its_own() -> None:
     renderer.render(delta("text_delta", "low"))
     renderer.end_line()
     assert out.getvalue() == "Slow slow s\nnote: waiting\nlow\n"
+
+
+def test_output_that_is_no_terminal_is_not_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped to a file or a CI log, rich cut every line at 80 columns, some
+    mid-word ("ta" / "lk"): logs and what scripts read were mangled (a new
+    user's audit). A terminal's output is still wrapped by words."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    long_line = " ".join(f"word{i}" for i in range(60))
+    renderer = EventRenderer(output_console())
+    renderer.render({"type": "message_start", "message": {"role": "user", "content": long_line}})
+    renderer.render({"type": "agent_end", "messages": []})
+    assert long_line in out.getvalue()
