@@ -160,9 +160,16 @@ def _ended_in_error(messages: list[dict[str, Any]]) -> bool:
 
 
 async def cmd_wait(client: Client, settings: Settings, args: argparse.Namespace) -> int:
-    idle = await Conversation.attach(client, args.id).wait_for_idle()
-    print(json.dumps({"runs": idle.runs, "stopReason": idle.stop_reason}))
-    return 1 if idle.stop_reason == "error" else 0
+    conversation = Conversation.attach(client, args.id)
+    idle = await conversation.wait_for_idle()
+    print(json.dumps({"runs": idle.runs, "stopReason": idle.stop_reason}), flush=True)
+    if idle.stop_reason != "error":
+        return 0
+    # Why, as `prompt --wait` says it (the JSON alone sent users to `state`).
+    error = (await conversation.state()).error_message
+    if error:
+        print(f"✗ {terminal_safe(error)}", file=sys.stderr)
+    return 1
 
 
 # --- live clients ------------------------------------------------------------------------------

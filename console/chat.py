@@ -98,7 +98,9 @@ async def _attach_or_start(
     yet is started (users name their chats) and has neither."""
     conversation = Conversation.attach(client, conversation_id)
     try:
-        return conversation, *await conversation.snapshot()
+        state, transcript = await conversation.snapshot()
+        _say_options_not_applied(conversation_id, options)
+        return conversation, state, transcript
     except ConversationEnded as err:
         # One by that id ended with nothing to show (before any worker took
         # it): the new one takes its id, said so, not silently.
@@ -110,6 +112,31 @@ async def _attach_or_start(
     except ConversationExists:  # another chat started it meanwhile: join it
         return conversation, *await conversation.snapshot()
     return conversation, None, []
+
+
+_OPTION_FLAGS = {
+    "model": "--model",
+    "system_prompt": "--system",
+    "thinking_level": "--thinking",
+    "tools": "--tools",
+    "max_turns": "--max-turns",
+    "approval_timeout_seconds": "--approval-timeout",
+}
+
+
+def _say_options_not_applied(conversation_id: str, options: dict[str, Any]) -> None:
+    """Start options given for a conversation that exists set nothing: say
+    so (they were dropped silently, and `/model` then showed the old model:
+    a new user's audit)."""
+    if options:
+        flags = ", ".join(_OPTION_FLAGS.get(name, name) for name in options)
+        print(
+            terminal_safe(
+                f"note: {conversation_id} exists, so {flags} (for a new conversation) changed nothing; "
+                f"change its settings with /model, /system, /tools or `starter.py configure`."
+            ),
+            file=sys.stderr,
+        )
 
 
 async def _piped_line() -> str:

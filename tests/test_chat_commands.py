@@ -13,8 +13,8 @@ from prompt_toolkit.formatted_text import fragment_list_to_text, to_formatted_te
 from rich.console import Console
 from temporalio.service import RPCError, RPCStatusCode
 
-from client import Refused, StoppedWaiting
-from console.chat import ChatSession, _describe
+from client import Conversation, Refused, StoppedWaiting
+from console.chat import ChatSession, _attach_or_start, _describe
 from console.render import EventRenderer
 from tests.support.recording_conversation import RecordingConversation
 from workflows.contract import SessionState
@@ -622,3 +622,26 @@ async def test_ctrl_c_while_the_state_is_read_before_a_line_is_sent_puts_the_lin
     assert fake.sent == []
     assert defaults == ["", "hello"]
     assert "✗ Stopped waiting: not sent; it is back in the input line." in capsys.readouterr().out
+
+
+async def test_start_options_for_a_conversation_that_exists_are_said_to_change_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`chat --id EXISTING --model foo` re-attaches; its start options set
+    nothing, which it said nowhere: `/model` then showed the old model (a
+    new user's audit). It says so, and how to change them."""
+    fake = _Fake()
+
+    async def snapshot() -> tuple[SessionState, list[Any]]:
+        return fake.current, []
+
+    fake.snapshot = snapshot  # type: ignore[attr-defined]
+    monkeypatch.setattr(Conversation, "attach", classmethod(lambda cls, client, cid: fake))
+    options = {"model": "foo", "system_prompt": "sys"}
+    conversation, _, _ = await _attach_or_start(None, None, "c", options)  # type: ignore[arg-type]
+    assert conversation is fake
+    err = capsys.readouterr().err
+    assert "note: c exists, so --model, --system (for a new conversation) changed nothing" in err
+    assert "/model, /system, /tools or `starter.py configure`" in err
+    await _attach_or_start(None, None, "c", {})  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""  # no option: nothing to say

@@ -1498,14 +1498,17 @@ async def test_watch_from_starts_at_that_offset(stack: Stack) -> None:
 
 
 async def test_starter_wait_exits_1_when_the_run_ended_in_error(stack: Stack) -> None:
-    """`wait ID`: "exit 1: it ended in error" (its help)."""
+    """`wait ID`: "exit 1: it ended in error" (its help), and why on
+    stderr, as `prompt --wait` says it (the JSON alone sent users to
+    `state`: a new user's audit)."""
     stack.script({"fault": {"kind": "400", "message": "bad request body"}})
     conversation = await stack.conversation()
     await conversation.prompt("hi")
 
-    assert await starter(stack.dev_server, "wait", conversation.id) == (
+    assert await starter_with_stderr(stack.dev_server, "wait", conversation.id) == (
         1,
         '{"runs": 1, "stopReason": "error"}\n',
+        "✗ The model server answered 400: bad request body\n",
     )
 
 

@@ -352,8 +352,7 @@ class AgentWorkflow:
         self._versions.start()
         # A start input refused fails the conversation at once; a `state` query says `closed`.
         if self._input_error:
-            session.closing = True
-            raise refusal(self._input_error)
+            raise self._refused_start(self._input_error)
         refused = (
             (self._strict_input_error if self._versions.has(STRICT_START_INPUT_PATCH) else None)
             or (self._huge_input_error if self._versions.has(START_INPUT_SAFE_INTEGERS_PATCH) else None)
@@ -371,8 +370,7 @@ class AgentWorkflow:
             if self._retried_carry_error:
                 session = self._session = Session(SessionSettings(), [], SessionCarry(), self._now_ms)
             session.settings = SessionSettings()
-            session.closing = True
-            raise refusal(refused)
+            raise self._refused_start(refused)
         await self._record_worker_defaults()
         recorded = session.track_subscribers
         if not (self._bindings.track_subscribers if recorded is None else recorded):
@@ -455,11 +453,21 @@ class AgentWorkflow:
         unknown = self._session.unknown_tools(self._session.settings.tools)
         if unknown:
             declared = ", ".join(sorted(self._session.declared or {})) or "no tools"
-            self._session.closing = True  # like the other refused start inputs: `state` says `closed`
-            raise refusal(
+            raise self._refused_start(
                 f"Unknown tool(s) {', '.join(unknown)}: the worker declares {declared}. "
                 "Load the module that defines them with `worker.py --tools pkg.module`."
             )
+
+    def _refused_start(self, text: str) -> ApplicationError:
+        """The failure that ends a conversation whose start input was
+        refused; ``state`` then says ``closed`` and why (its ``errorMessage``
+        was null, so a ``start`` that printed an id left no reason to find
+        but in the failure: a new user's audit). Only the state changes,
+        no command: a replay of such a failure answers with the reason too."""
+        failure = refusal(text)
+        self._session.closing = True
+        self._session.error_message = failure.message
+        return failure
 
     # --- runs -------------------------------------------------------------------------
 
