@@ -97,7 +97,9 @@ async def cmd_run(client: Client, settings: Settings, args: argparse.Namespace) 
         code = await _stream_run(conversation, conversation.events(on_skipped=_say_skipped))
     except asyncio.CancelledError:
         # Ctrl-C stops what `run` started, as the chat's first Ctrl-C does:
-        # it left the run going, billed, unseen (an operator audit).
+        # it left the run going, billed, unseen (an operator audit). The
+        # answer cut short ends its line (piped, it had no last newline).
+        end_streamed_line()
         try:
             await asyncio.wait_for(conversation.abort(), 10)
             said = f"aborted the run; conversation {conversation.id} closes itself"

@@ -1762,9 +1762,10 @@ async def test_ctrl_c_in_run_aborts_its_run_and_says_so(stack: Stack) -> None:
     try:
         started = (await asyncio.wait_for(process.stderr.readline(), 20)).decode()
         conversation_id = started.split()[1].rstrip(":")
-        await asyncio.wait_for(process.stdout.read(20), 20)  # the answer is streaming
+        await asyncio.wait_for(process.stdout.readuntil(b"a long answer"), 20)  # the answer is streaming
         process.send_signal(signal.SIGINT)
         rest = (await asyncio.wait_for(process.stderr.read(), 20)).decode()
+        answer = (await asyncio.wait_for(process.stdout.read(), 20)).decode()
         assert await process.wait() == 130
     finally:
         if process.returncode is None:
@@ -1772,6 +1773,7 @@ async def test_ctrl_c_in_run_aborts_its_run_and_says_so(stack: Stack) -> None:
             await process.wait()
 
     assert rest.strip() == f"note: aborted the run; conversation {conversation_id} closes itself", rest
+    assert answer.endswith("\n"), "the answer cut short ends its line (a new user's audit)"
     handle = stack.client.get_workflow_handle(conversation_id)
     result = await asyncio.wait_for(handle.result(), 20)
     assert result["messages"][-1]["stopReason"] == "aborted"
