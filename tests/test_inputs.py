@@ -78,21 +78,21 @@ def test_a_missing_argument_names_what_the_handler_takes() -> None:
 
 def test_a_handler_that_takes_no_argument_refuses_one() -> None:
     """`continue`, `reset` and `wait_for_idle` refuse a single stray argument, not only two."""
-    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 1\."):
+    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 1 argument\."):
         no_arguments(("x",), "reset")
     no_arguments((), "reset")
     # A lone null is "nothing" as a client passes it (the CLI's --input null).
     no_arguments((None,), "reset")
-    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 2\."):
+    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 2 arguments\."):
         no_arguments((None, None), "reset")
-    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 1\."):
+    with pytest.raises(InputError, match=r"`reset` takes no argument; it got 1 argument\."):
         no_arguments((0,), "reset")
 
 
 def test_an_optional_argument_given_is_taken() -> None:
     """`clear_queues "steering"` reads its one argument."""
     assert single_argument(("steering",), "clear_queues", optional=True) == "steering"
-    with pytest.raises(InputError, match="takes one argument; it got 2"):
+    with pytest.raises(InputError, match="takes one argument; it got 2 arguments"):
         single_argument(("a", "b"), "clear_queues", optional=True)
 
 

@@ -1027,7 +1027,7 @@ def test_a_handler_with_an_optional_argument_takes_none() -> None:
     assert single_argument((), "clear_queues", optional=True) is None
     with pytest.raises(InputError, match="needs one argument"):
         single_argument((), "prompt")
-    with pytest.raises(InputError, match="takes one argument; it got 2"):
+    with pytest.raises(InputError, match="takes one argument; it got 2 arguments"):
         single_argument((1, 2), "prompt")
 
 

@@ -75,7 +75,7 @@ def single_argument(args: tuple[Any, ...], what: str, *, optional: bool = False)
     if not args:
         expected = _ARGUMENT_OF.get(what, "the message text or object")
         raise InputError(f"`{what}` needs one argument ({expected}); it got none.")
-    raise InputError(f"`{what}` takes one argument; it got {len(args)}.")
+    raise InputError(f"`{what}` takes one argument; it got {_arguments(len(args))}.")
 
 
 def no_arguments(args: tuple[Any, ...], what: str) -> None:
@@ -83,7 +83,13 @@ def no_arguments(args: tuple[Any, ...], what: str) -> None:
     when it passes "nothing" as the one argument (the CLI's ``--input null``,
     the Python SDK's ``execute_update("reset", None)``)."""
     if args and args != (None,):
-        raise InputError(f"`{what}` takes no argument; it got {len(args)}.")
+        raise InputError(f"`{what}` takes no argument; it got {_arguments(len(args))}.")
+
+
+def _arguments(count: int) -> str:
+    """ "1 argument", "2 arguments": "it got 1" read as if the value sent were 1
+    (a new user's audit)."""
+    return f"{count} argument" if count == 1 else f"{count} arguments"
 
 
 def prompt_messages(
