@@ -87,8 +87,8 @@ def no_arguments(args: tuple[Any, ...], what: str) -> None:
 
 
 def _arguments(count: int) -> str:
-    """ "1 argument", "2 arguments": "it got 1" read as if the value sent were 1
-    (a new user's audit)."""
+    """The count with its noun ("1 argument", "2 arguments"): "it got 1"
+    read as if the value sent were 1 (a new user's audit)."""
     return f"{count} argument" if count == 1 else f"{count} arguments"
 
 
