@@ -24,13 +24,19 @@ async def watch(conversation: Conversation, *, as_json: bool, from_offset: int =
             renderer.end_line()
         print(skipped_note(first, next_offset, from_offset), file=sys.stderr, flush=True)
 
-    waiting = asyncio.get_running_loop().create_task(_say_when_no_worker_answers(conversation))
+    loop = asyncio.get_running_loop()
+    notes = [
+        loop.create_task(_say_when_no_worker_answers(conversation)),
+        loop.create_task(_say_when_past_the_end(conversation, from_offset)),
+    ]
     try:
         async for offset, event in conversation.events(from_offset, on_skipped=skipped):
-            waiting.cancel()
+            for note in notes:
+                note.cancel()
             _show(event, offset, as_json, renderer, console, conversation)
     finally:
-        waiting.cancel()
+        for note in notes:
+            note.cancel()
     if as_json:  # stdout stays one JSON object per line
         print(terminal_safe(await conversation.how_it_ended()), file=sys.stderr, flush=True)
     else:
@@ -75,6 +81,32 @@ async def _say_when_no_worker_answers(conversation: Conversation) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+PAST_THE_END_NOTE_AFTER = 1.0
+"""Seconds without an event before ``watch --from N`` asks whether N is
+past the conversation's last event."""
+
+
+async def _say_when_past_the_end(conversation: Conversation, from_offset: int) -> None:
+    """``--from`` past the last event waits for events to come, which a
+    mistyped offset waited for silently (a new user's audit). Said once on
+    stderr when the conversation's next offset is below it; the read goes on."""
+    if from_offset <= 0:
+        return
+    await asyncio.sleep(PAST_THE_END_NOTE_AFTER)
+    try:
+        state = await asyncio.wait_for(conversation.state(), 5)
+    except Exception:  # no worker, an ended conversation: other notes say so
+        return
+    if state.event_offset < from_offset:
+        last = state.event_offset - 1
+        so_far = f"its last event so far is {last}" if last >= 0 else "it has no event yet"
+        print(
+            f"note: waiting for event {from_offset}: {so_far} (watch --from 0 shows them all).",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def approval_hint(conversation_id: str, call_id: str) -> Text:

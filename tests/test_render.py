@@ -8,6 +8,7 @@ import importlib
 import io
 import json
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -464,6 +465,34 @@ async def test_watch_says_nothing_of_workers_once_an_ended_conversations_events_
     err = await watched_stderr(monkeypatch, capsys, Slow("agent", [{"type": "turn_start"}], quiet=0.3))
 
     assert err == "The conversation was closed.\n"
+
+
+@pytest.mark.parametrize(
+    ("next_offset", "said"),
+    [
+        (42, "note: waiting for event 99999: its last event so far is 41 (watch --from 0 shows them all).\n"),
+        (0, "note: waiting for event 99999: it has no event yet (watch --from 0 shows them all).\n"),
+        (100_000, ""),  # the events up to it exist: nothing to say
+    ],
+)
+async def test_watch_from_past_the_last_event_says_so(
+    monkeypatch: Any, capsys: Any, next_offset: int, said: str
+) -> None:
+    """``watch --from 99999`` (a mistyped offset) waited silently for
+    events to come (a new user's audit)."""
+
+    class Quiet(Slow):
+        async def state(self) -> Any:
+            return SimpleNamespace(event_offset=next_offset)
+
+        async def events(self, from_offset: int, on_skipped: Any = None) -> Any:
+            assert from_offset == 99999
+            async for item in super().events(from_offset, on_skipped):
+                yield item
+
+    monkeypatch.setattr(watch_module, "PAST_THE_END_NOTE_AFTER", 0.05)
+    await watch_module.watch(Quiet(None, [], quiet=0.3), as_json=True, from_offset=99999)  # type: ignore[arg-type]
+    assert capsys.readouterr().err == said + "The conversation was closed.\n"
 
 
 # --- watch and run ---------------------------------------------------------------------
