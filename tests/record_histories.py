@@ -584,6 +584,40 @@ async def cleared_queues_close(
     return handle
 
 
+async def cleared_queues_switched(
+    client: Client, server: ScriptedModelServer, model: str
+) -> WorkflowHandle[Any, Any]:
+    """As cleared_queues_close, but the conversation continued as new
+    while it waited (continueAsNewAfterTurns=1): its next run completes once
+    ``clear_queues`` drops the follow-up (carried-run-end; before, it stayed
+    open: the prompt and the ``close`` sent here then make commands the new
+    path never makes)."""
+    server.script(
+        model, [{"text": "a slow answer " * 40, "delay_ms": 50, "chunk_chars": 4}, {"text": "open still"}]
+    )
+    handle = await start(client, model, prompt="hi", closeWhenIdle=True, continueAsNewAfterTurns=1)
+    first_run = (await handle.describe()).run_id
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("message_update")
+    await handle.signal("follow_up", "later")
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+    latest = client.get_workflow_handle(handle.id)
+    while (await latest.describe()).run_id == first_run:  # it continues as new while idle
+        await asyncio.sleep(0.1)
+    await latest.execute_update("clear_queues", "all")
+    try:
+        await asyncio.wait_for(latest.result(), 5)
+    except TimeoutError:  # the old path: it stays open, until its next run ends
+        await latest.execute_update("prompt", "still there?")
+        await latest.execute_update("wait_for_idle")
+        with contextlib.suppress(RPCError):  # closed by then, or closed by this
+            await latest.signal("close")
+        await latest.result()
+    return handle
+
+
 SCENARIOS: dict[str, Scenario] = {
     "tools": tools,
     "steering_and_follow_up": steering_and_follow_up,
@@ -613,6 +647,7 @@ SCENARIOS: dict[str, Scenario] = {
     "sequential_hook_view": sequential_hook_view,
     "counters_timer": counters_timer,
     "cleared_queues_close": cleared_queues_close,
+    "cleared_queues_switched": cleared_queues_switched,
 }
 
 
@@ -631,7 +666,13 @@ async def record(names: list[str]) -> None:
                 if names and name not in names:
                     continue
                 handle = await scenario(client, model_server, f"rec-{name}")
-                if name in ("continue_as_new", "idle_switch", "idle_waiter_at_switch", "abort_before_switch"):
+                if name in (
+                    "continue_as_new",
+                    "idle_switch",
+                    "idle_waiter_at_switch",
+                    "abort_before_switch",
+                    "cleared_queues_switched",
+                ):
                     # Every run of the chain: each is replayed on its own.
                     runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
                     for index, run in enumerate(sorted(runs, key=lambda r: r.start_time)):

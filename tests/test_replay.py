@@ -9,14 +9,18 @@ worker: they replay the same on a worker whose tools differ."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import temporalio.bridge.worker as bridge_worker
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
@@ -65,7 +69,9 @@ V1 = sorted((ROOT / "v1").glob("*.json"))
 # before the counters' upsert and an approval's deadline waited for a timer
 # rather than the clock (v18: every scenario); before clear_queues completed a
 # closeWhenIdle conversation an abort had left with queued messages (v19:
-# that scenario only, the patch has its own marker).
+# that scenario only, the patch has its own marker); before the next run of
+# such a conversation, continued as new while it waited, knew a run had
+# ended (v20: cleared_queues_switched only, carried-run-end's own marker).
 V2 = sorted((ROOT / "v2").glob("*.json")) + sorted((ROOT / "v3").glob("*.json"))
 V4 = sorted((ROOT / "v4").glob("*.json"))
 V5 = sorted((ROOT / "v5").glob("*.json"))
@@ -83,10 +89,12 @@ V16 = sorted((ROOT / "v16").glob("*.json"))
 V17 = sorted((ROOT / "v17").glob("*.json"))
 V18 = sorted((ROOT / "v18").glob("*.json"))
 V19 = sorted((ROOT / "v19").glob("*.json"))
+V20 = sorted((ROOT / "v20").glob("*.json"))
 
 
 RECORDED = (
     CURRENT
+    + V20
     + V19
     + V18
     + V17
@@ -107,7 +115,9 @@ RECORDED = (
     + V1
 )
 """Every recorded history, newest first."""
-DECLARED = CURRENT + V19 + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+DECLARED = (
+    CURRENT + V20 + V19 + V18 + V17 + V16 + V15 + V14 + V13 + V12 + V11 + V10 + V9 + V8 + V7 + V6 + V5 + V4
+)
 """The histories of conversations that recorded their tool declarations (v4 on)."""
 
 
@@ -121,10 +131,11 @@ def _stem(path: Path) -> str:
 
 LATEST = {"sequential_hook_view"}
 """Scenarios recorded only from v17 on (their old paths in v17)."""
-NEWEST = {"counters_timer", "cleared_queues_close"}
+NEWEST = {"counters_timer", "cleared_queues_close", "cleared_queues_switched"}
 """Scenarios first recorded by the current version: counters_timer
-(clock-free-commands: a path no earlier version had) and
-cleared_queues_close (its old path in v19)."""
+(clock-free-commands: a path no earlier version had),
+cleared_queues_close (its old path in v19) and cleared_queues_switched
+(its old path in v20)."""
 LATER = {"override_flag_as_text", "close_mid_run", "reset_counters"} | LATEST
 """Scenarios recorded only from v15 on (their old paths in v15), and the latest."""
 
@@ -155,6 +166,7 @@ def test_there_are_recorded_histories() -> None:
         "sequential_hook_view",  # a hook handed its sequential batch's earlier result
         "counters_timer",  # the counters' timer fires during a long tool
         "cleared_queues_close",  # clear_queues empties a closeWhenIdle conversation's queues
+        "cleared_queues_switched",  # ... after it continued as new while it waited
     } <= {_stem(p) for p in CURRENT}
     assert expected | {"subscriber_at_close"} <= {_stem(p) for p in V1}
     # Every scenario recorded before search-attributes-by-time, again (busy_subscriber came after).
@@ -277,6 +289,8 @@ def test_there_are_recorded_histories() -> None:
     assert {_stem(p) for p in V18} == ({_stem(p) for p in CURRENT} - NEWEST)
     # Recorded before cleared-queues-complete (its old path: open until a close).
     assert {_stem(p) for p in V19} == {"cleared_queues_close"}
+    # Recorded before carried-run-end (its old path: the next run open until its own run ended).
+    assert {_stem(p) for p in V20} == {"cleared_queues_switched"}
 
 
 async def replay(path: Path, legacy_tools: dict[str, ToolDeclaration]) -> None:
@@ -443,3 +457,28 @@ def test_a_hooks_approval_without_reason_waits_for_a_person_from_its_patch_on() 
 
     assert "approve_tool" not in before[0] and not any("approval-without-reason" in m for m in before[1])
     assert "approve_tool" in since[0] and any("approval-without-reason" in m for m in since[1])
+
+
+async def test_a_run_of_the_release_before_continuing_this_releases_carry_replays(tmp_path: Path) -> None:
+    """A rollout: this release's run ended aborted with a follow-up queued
+    and continued as new, carrying ``runEnded``; a worker of the release
+    before took the next run, which stayed open after ``clear_queues`` (it
+    reads no ``runEnded``) and took a prompt. This release must replay that
+    run as it ran (an upgrade audit found it failing every workflow task
+    with a nondeterminism error until a worker of the old release took it).
+    The run is v20's recording of that path, its carry given ``runEnded``
+    as this release writes it."""
+    recorded = ROOT / "v20" / "cleared_queues_switched_1.json"
+    history = json.loads(recorded.read_text())
+    payload = history["events"][0]["workflowExecutionStartedEventAttributes"]["input"]["payloads"][0]
+    assert base64.b64decode(payload["metadata"]["encoding"]) == b"binary/zlib"
+    inner = Payload()
+    inner.ParseFromString(zlib.decompress(base64.b64decode(payload["data"])))
+    start = json.loads(inner.data)
+    assert "runEnded" not in start["carry"]  # written by the release before
+    start["carry"]["runEnded"] = True
+    inner.data = json.dumps(start).encode()
+    payload["data"] = base64.b64encode(zlib.compress(inner.SerializeToString())).decode()
+    mixed = tmp_path / "cleared_queues_switched_mixed.json"
+    mixed.write_text(json.dumps(history))
+    await replay(mixed, {d.name: d for d in declarations(registered_tools())})

@@ -209,6 +209,11 @@ START_INPUT_SAFE_INTEGERS_PATCH = "start-input-safe-integers"
 # the README says; before this patch it stayed open until a `close` (a README
 # audit). Asked only then (its own marker), so no other run records it.
 CLEARED_QUEUES_COMPLETE_PATCH = "cleared-queues-complete"
+# ... also once it continued as new while it waited (`continueAsNewAfterTurns`,
+# the idle switch), or when `clear_queues` came as it switched: the next run
+# knows a run had ended (carried). Before this patch that run stayed open (a
+# review). Asked only when that carried end decides (its own marker).
+CARRIED_RUN_END_PATCH = "carried-run-end"
 
 
 DETAILS_ITEMS = 10
@@ -418,9 +423,15 @@ class AgentWorkflow:
 
     def _completing_when_idle(self) -> bool:
         """A run has ended, nothing is queued and ``closeWhenIdle`` is set:
-        the conversation completes (once its subscribers have read)."""
+        the conversation completes (once its subscribers have read). A run
+        that ended in an execution before this one counts from
+        ``carried-run-end`` on, asked only when it decides."""
         session = self._session
-        return session.run_ended and session.settings.close_when_idle and session.is_idle_and_drained()
+        if not (session.settings.close_when_idle and session.is_idle_and_drained()):
+            return False
+        if session.run_ended:
+            return True
+        return session.run_ended_before and workflow.patched(CARRIED_RUN_END_PATCH)
 
     async def _record_worker_defaults(self) -> None:
         """Record the worker's tool declarations (and default model) in the

@@ -92,11 +92,13 @@ class Session:
         self.context_ref = carry.context_ref
         self.context_length = carry.context_length
         self.continued_runs = carry.continued_runs
-        # A run ended and no other started since. Carried: a closeWhenIdle
-        # conversation an abort left idle with messages queued may continue
-        # as new while it waits, and its next run did not complete once
-        # ``clear_queues`` dropped them (a review).
-        self.run_ended = carry.run_ended
+        self.run_ended = False  # a run ended and no other started since
+        # ... in a run before this one (carried): a closeWhenIdle conversation
+        # an abort left idle with messages queued may continue as new while it
+        # waits, and its next run did not complete once ``clear_queues``
+        # dropped them (a review). It counts only behind a patch (a worker of
+        # the release before runs it as False: an upgrade audit).
+        self.run_ended_before = carry.run_ended
         # Calls started and not ended; a batch resumed after continue-as-new
         # has only calls waiting for approval open (they count as pending).
         batch = carry.run.batch if carry.run is not None else None
@@ -146,7 +148,7 @@ class Session:
         """Open a run (``aborted``/``stop_requested``: those signals came
         while it was accepted but not begun)."""
         self.runs += 1
-        self.run_ended = False
+        self.run_ended = self.run_ended_before = False
         self.abort_requested = aborted
         self.error_message = None
         self.last_run_start = len(self.messages)
@@ -321,7 +323,7 @@ class Session:
         self.last_stop_reason = None
         self.last_run_start = 0
         self.context_ref, self.context_length = None, 0
-        self.run_ended = False
+        self.run_ended = self.run_ended_before = False
 
     def idle_result(self) -> WaitForIdleResult:
         return WaitForIdleResult(
@@ -376,7 +378,7 @@ class Session:
             tools=list(self.declared.values()) if self.declared is not None else None,
             abort_requested=self.abort_requested,
             closing=self.closing,
-            run_ended=self.run_ended,
+            run_ended=self.run_ended or self.run_ended_before,
             pending=self.pending,
             error_message=self.error_message,
             last_stop_reason=self.last_stop_reason,
