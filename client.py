@@ -52,7 +52,7 @@ from temporalio.client import (
 from temporalio.client import WorkflowExecution as ListedExecution
 from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from temporalio.contrib.workflow_streams import PollInput, PollResult
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import TerminatedError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.connect import visibility_quoted
@@ -158,9 +158,11 @@ def _readable(message: str) -> str:
 
 
 class StoppedWaiting(Exception):
-    """A request was sent and its answer not waited for: the conversation
-    keeps it, and applies it when a worker takes it. Sending it again
-    applies it twice. Raised when the server stops answering the wait; when
+    """A request was sent and its answer not waited for: the server keeps
+    it, and the conversation applies it when a worker takes it; sending it
+    again applies it twice. The server holds a request no worker has taken
+    in memory only: a server restart before then drops it (a client
+    review), so read ``state`` before sending it again. Raised when the server stops answering the wait; when
     the caller cancels it (Ctrl-C, a cancelled task, ``asyncio.timeout`` or
     ``asyncio.wait_for`` running out), the caller's own
     ``asyncio.CancelledError`` is raised, with a ``StoppedWaiting`` as its
@@ -358,7 +360,8 @@ class Conversation:
             return await self._execute_update(name, args, result_type)
         except WorkflowUpdateRPCTimeoutOrCancelledError as err:
             stopped = StoppedWaiting(
-                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it."
+                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it "
+                "(unless the Temporal server restarts first: see `state` before sending it again)."
             )
             if (cancelled := _cancelled(err)) is not None:
                 raise cancelled from stopped  # exactly asyncio's type: timeout() and TaskGroup check it
@@ -632,7 +635,13 @@ class Conversation:
                     if cause not in ("ContinuedAsNew", "AcceptedUpdateCompletedWorkflow"):
                         raise
                     if cause == "AcceptedUpdateCompletedWorkflow" and await self.has_ended():
-                        raise
+                        # Terminated, timed out, closed meanwhile: said as
+                        # `prompt(wait=True)` says it (it was a bare Refused
+                        # quoting the SDK, a client review).
+                        ended = await self._how_it_ended()
+                        raise ConversationEnded(
+                            f"Conversation {self.id} {ended} before it was idle."
+                        ) from None
                 if switches:  # the run still switching: not in a loop of updates
                     await asyncio.sleep(_backoff(switches - 1))
                 switches += 1
@@ -832,9 +841,27 @@ class Conversation:
         return state, messages[: state.message_count]
 
     async def result(self) -> SessionResult:
-        """The transcript, once the conversation is closed."""
+        """The transcript, once the conversation is closed. A run ended by a
+        reset (the worker's repair, an operator's ``temporal workflow
+        reset``) is followed to the run that goes on, as continue-as-new
+        is (it raised ``TerminatedError`` while the conversation went on: a
+        client review); a conversation that failed or was terminated raises
+        the SDK's ``WorkflowFailureError``."""
         async with self._refusals():
-            return await self.handle.result()
+            while True:
+                try:
+                    return await self.handle.result()
+                except WorkflowFailureError as err:
+                    if not isinstance(err.cause, TerminatedError) or not await self._reset_goes_on():
+                        raise
+
+    async def _reset_goes_on(self) -> bool:
+        """The latest run was started by a reset and has not ended."""
+        try:
+            described = await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)
+        except Exception:
+            return False
+        return described.status == WorkflowExecutionStatus.RUNNING
 
     async def history(self) -> WorkflowHistory:
         """The workflow's Temporal history (what the server stores for it)."""
@@ -943,7 +970,13 @@ class Conversation:
         (with encryption on, the UI and the CLI show only "Encoded failure");
         ``running`` when it has not ended, ``unknown`` when the server does not say."""
         try:
-            status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
+            try:
+                status = (await self.handle.describe(rpc_timeout=_ENDING_TIMEOUT)).status
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    # A mistyped id read "has ended" (a client review).
+                    return "does not exist (no conversation has this id)"
+                raise
             if status == WorkflowExecutionStatus.RUNNING:
                 return running
             if status == WorkflowExecutionStatus.FAILED:

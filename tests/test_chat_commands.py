@@ -471,7 +471,8 @@ async def test_a_request_the_server_stopped_answering_is_one_line_and_the_chat_g
 
     async def not_answered(text: str) -> None:
         raise StoppedWaiting(
-            "Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it."
+            "Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it "
+            "(unless the Temporal server restarts first: see `state` before sending it again)."
         )
 
     fake.send_prompt = not_answered  # type: ignore[method-assign]
@@ -556,7 +557,8 @@ def _waiting_for_a_worker(fake: _Fake, request: str, name: str) -> None:
             await asyncio.Event().wait()
         except asyncio.CancelledError as err:
             raise err from StoppedWaiting(
-                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it."
+                f"Stopped waiting for {name}: what was sent is kept, and applies when a worker takes it "
+                "(unless the Temporal server restarts first: see `state` before sending it again)."
             )
 
     setattr(fake, request, waits)

@@ -533,7 +533,8 @@ async def test_a_cancelled_request_is_the_callers_cancellation_and_is_kept(
         assert task.cancelled()
         assert isinstance(stopped.value.__cause__, StoppedWaiting)
         assert str(stopped.value.__cause__) == (
-            "Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it."
+            "Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it "
+            "(unless the Temporal server restarts first: see `state` before sending it again)."
         )
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 

@@ -1227,7 +1227,8 @@ async def test_a_request_no_worker_takes_is_noted_and_ctrl_c_stops_only_the_wait
             await process.wait()
         await handle.terminate("test")
     assert rest.decode() == (
-        "note: Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it.\n"
+        "note: Stopped waiting for prompt: what was sent is kept, and applies when a worker takes it "
+        "(unless the Temporal server restarts first: see `state` before sending it again).\n"
     )
 
 
