@@ -112,6 +112,10 @@ class ActivityEventPublisher:
         self._closed = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.tail: list[dict[str, Any]] = []
+        # After the block: events handed to the stream client whose signal
+        # failed (not refused for good: it would have retried them on its
+        # next round, which a closed publisher does not have).
+        self.undelivered: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> ActivityEventPublisher:
         return self  # the flush loop starts with the first event (most tool calls publish none)
@@ -135,6 +139,7 @@ class ActivityEventPublisher:
         # Refused for good, the batches handed to the stream client go back
         # with the result too (another failure may have been delivered).
         refused = self._unsent if self._refused else []
+        self.undelivered = [] if self._refused else list(self._unsent)
         self.tail, self._buffer, self._unsent = [*refused, *self._buffer], [], []
 
     def publish(self, event: WireModel, *, flush: bool = False) -> None:

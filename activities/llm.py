@@ -460,15 +460,15 @@ def _classify(
 class _RetryNotice:
     """Whether a failing attempt delivered the next one's ``message_retry``
     itself: published, and not left over when its publisher closed (no
-    signal budget, or the run took no more signals)."""
+    signal budget, the run took no more signals, or the signal failed)."""
 
     def __init__(self) -> None:
         self.publisher: ActivityEventPublisher | None = None
         self.published = False
 
     def delivered(self) -> bool:
-        tail = self.publisher.tail if self.publisher is not None else []
-        return self.published and not any(event.get("type") == "message_retry" for event in tail)
+        left = [*self.publisher.tail, *self.publisher.undelivered] if self.publisher is not None else []
+        return self.published and not any(event.get("type") == "message_retry" for event in left)
 
 
 def _failure_reason(err: Exception) -> str:

@@ -16,8 +16,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import ActivityEnvironment
 
+from activities.events import ActivityEventPublisher
 from activities.heartbeat import will_retry
-from activities.llm import LlmActivities, _classify
+from activities.llm import LlmActivities, _classify, _RetryNotice
 from activities.openai_chat import (
     MAX_TOOL_CALLS_PER_ANSWER,
     ConversionMemo,
@@ -1274,3 +1275,19 @@ def test_a_failing_attempt_announces_a_retry_only_when_temporal_will_make_one(
     policy = RetryPolicy(maximum_attempts=5, non_retryable_error_types=["Refused"])
     info = replace(ActivityEnvironment.default_info(), attempt=attempt, retry_policy=policy, is_local=local)
     assert will_retry(failure, info) is expected
+
+
+def test_a_retry_event_left_over_or_undelivered_is_not_counted_as_said() -> None:
+    """The next attempt skips its ``message_retry`` only when the failing
+    attempt's reached the conversation: not when it stayed in the
+    publisher's tail (no budget, signals refused) nor when its signal failed."""
+    notice = _RetryNotice()
+    assert not notice.delivered()  # nothing published
+    notice.publisher = ActivityEventPublisher(100)
+    notice.published = True
+    assert notice.delivered()
+    retry = {"type": "message_retry", "attempt": 2, "reason": "x"}
+    notice.publisher.tail = [retry]
+    assert not notice.delivered()
+    notice.publisher.tail, notice.publisher.undelivered = [], [retry]
+    assert not notice.delivered()

@@ -24,7 +24,13 @@ from tests.support.stack import EventLog, Stack, accepted_updates, read_events
 from workflows.agent import IDLE_ITEMS_CARRIED, STREAM_ITEMS_CARRIED
 from workflows.calls import SIGNAL_LIMIT, SIGNAL_RESERVE
 from workflows.contract import ToolRequest
-from workflows.models import EVENTS_TOPIC, MODEL_CALL_TOPIC, AgentStartEvent, MessageUpdateEvent
+from workflows.models import (
+    EVENTS_TOPIC,
+    MODEL_CALL_TOPIC,
+    AgentStartEvent,
+    MessageRetryEvent,
+    MessageUpdateEvent,
+)
 from workflows.stream import (
     OFFSET_QUERY,
     RUN_END_UPDATE,
@@ -740,6 +746,32 @@ async def test_a_call_refused_a_signal_past_the_limit_stops_and_returns_what_it_
         await asyncio.sleep(0.15)
     assert fake.flushes == 1
     assert [e["assistantMessageEvent"]["delta"] for e in events.tail] == ["refused", "later"]
+
+
+async def test_a_failing_attempts_last_batch_whose_signal_failed_is_said_undelivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failing model call sends its last batch (its next attempt's
+    ``message_retry``) as it ends; a signal that fails then for a passing
+    reason would have been retried on the next round, which a closed
+    publisher has not: ``undelivered`` says so, and the next attempt then
+    says its retry itself."""
+
+    class Down(FakeStreamClient):
+        async def flush(self) -> None:
+            self.flushes += 1
+            raise RPCError("server unavailable", RPCStatusCode.UNAVAILABLE, b"")
+
+    fake = Down()
+    monkeypatch.setattr(events_module, "run_stream_client", lambda: fake)
+    with pytest.raises(RuntimeError):
+        async with ActivityEventPublisher(batch_ms=1000) as events:
+            events.publish(MessageRetryEvent(attempt=2, reason="x"))
+            raise RuntimeError("the attempt failed")
+    assert fake.flushes == 1
+    assert events.tail == [] and events.undelivered == [
+        {"type": "message_retry", "attempt": 2, "reason": "x"}
+    ]
 
 
 async def test_a_call_given_no_batches_sends_nothing_and_returns_everything(
