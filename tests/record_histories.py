@@ -556,6 +556,17 @@ async def counters_timer(client: Client, server: ScriptedModelServer, model: str
     return handle
 
 
+async def _aborted_with_a_follow_up_queued(client: Client, handle: WorkflowHandle[Any, Any]) -> None:
+    """Once the answer streams: a follow-up, then an abort; back when the
+    run has ended (the follow-up kept queued)."""
+    log = EventLog(client, handle.id)
+    await log.wait_for_type("message_update")
+    await handle.signal("follow_up", "later")
+    await handle.signal("abort")
+    await log.wait_for_type("agent_end")
+    log.close()
+
+
 async def cleared_queues_close(
     client: Client, server: ScriptedModelServer, model: str
 ) -> WorkflowHandle[Any, Any]:
@@ -567,12 +578,7 @@ async def cleared_queues_close(
         model, [{"text": "a slow answer " * 40, "delay_ms": 50, "chunk_chars": 4}, {"text": "open still"}]
     )
     handle = await start(client, model, prompt="hi", closeWhenIdle=True)
-    log = EventLog(client, handle.id)
-    await log.wait_for_type("message_update")
-    await handle.signal("follow_up", "later")
-    await handle.signal("abort")
-    await log.wait_for_type("agent_end")
-    log.close()
+    await _aborted_with_a_follow_up_queued(client, handle)
     await handle.execute_update("clear_queues", "all")
     try:
         await asyncio.wait_for(handle.result(), 5)
@@ -597,12 +603,7 @@ async def cleared_queues_switched(
     )
     handle = await start(client, model, prompt="hi", closeWhenIdle=True, continueAsNewAfterTurns=1)
     first_run = (await handle.describe()).run_id
-    log = EventLog(client, handle.id)
-    await log.wait_for_type("message_update")
-    await handle.signal("follow_up", "later")
-    await handle.signal("abort")
-    await log.wait_for_type("agent_end")
-    log.close()
+    await _aborted_with_a_follow_up_queued(client, handle)
     latest = client.get_workflow_handle(handle.id)
     while (await latest.describe()).run_id == first_run:  # it continues as new while idle
         await asyncio.sleep(0.1)
