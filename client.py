@@ -162,11 +162,12 @@ class StoppedWaiting(Exception):
     it, and the conversation applies it when a worker takes it; sending it
     again applies it twice. The server holds a request no worker has taken
     in memory only: a server restart before then drops it (a client
-    review), so read ``state`` before sending it again. Raised when the server stops answering the wait; when
-    the caller cancels it (Ctrl-C, a cancelled task, ``asyncio.timeout`` or
-    ``asyncio.wait_for`` running out), the caller's own
-    ``asyncio.CancelledError`` is raised, with a ``StoppedWaiting`` as its
-    ``__cause__``, so timeouts and task groups work as with any awaitable."""
+    review), so read ``state`` before sending it again. Raised when the
+    server stops answering the wait; when the caller cancels it (Ctrl-C, a
+    cancelled task, ``asyncio.timeout`` or ``asyncio.wait_for`` running
+    out), the caller's own ``asyncio.CancelledError`` is raised, with a
+    ``StoppedWaiting`` as its ``__cause__``, so timeouts and task groups
+    work as with any awaitable."""
 
 
 def _cancelled(err: BaseException) -> asyncio.CancelledError | None:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from client import Conversation
+from client import UPDATE_NOTE_AFTER, Conversation
 from console.render import EventRenderer, json_line, output_console, shell_word, skipped_note, terminal_safe
 
 
@@ -96,7 +96,9 @@ async def _say_when_past_the_end(conversation: Conversation, from_offset: int) -
         return
     await asyncio.sleep(PAST_THE_END_NOTE_AFTER)
     try:
-        state = await asyncio.wait_for(conversation.state(), 5)
+        # Within the client's own note on a slow query (UPDATE_NOTE_AFTER):
+        # that note would be about `state`, which the user did not ask for.
+        state = await asyncio.wait_for(conversation.state(), UPDATE_NOTE_AFTER / 2)
     except Exception:  # no worker, an ended conversation: other notes say so
         return
     if state.event_offset < from_offset:
