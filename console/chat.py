@@ -210,14 +210,21 @@ class ChatSession:
         event stream failed for good (the chat cannot go on), else 0."""
         ended: str | None = None
         conversation_id = self._conversation.id
+        # Output that is no terminal (a pipe, a log) is not cut to a width:
+        # lines were cut at 80 columns, mid-word (a new user's audit).
+        terminal = sys.stdout.isatty()
         try:
             with patch_stdout(raw=True):
                 self._writer = AbovePromptWriter(
                     sys.stdout,
                     on_tail_change=self._input.app.invalidate,
-                    columns=lambda: shutil.get_terminal_size().columns,
+                    columns=(lambda: shutil.get_terminal_size().columns)
+                    if terminal
+                    else (lambda: sys.maxsize),
                 )
-                self._renderer = EventRenderer(Console(file=cast(TextIO, self._writer)))
+                self._renderer = EventRenderer(
+                    Console(file=cast(TextIO, self._writer), soft_wrap=not terminal)
+                )
                 self._say(f"conversation {conversation_id} · /help lists the commands")
                 self._run_active = state is not None and state.status in _BUSY
                 self._renderer.render_transcript([m.model_dump(mode="json") for m in transcript])

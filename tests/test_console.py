@@ -1688,6 +1688,15 @@ async def _chat_piped(stack: Stack, given: bytes, *args: str) -> tuple[bytes, by
     return stdout, stderr
 
 
+async def test_piped_chat_output_is_not_cut_to_a_width(stack: Stack) -> None:
+    """Piped, the chat cut its lines at 80 columns, some mid-word ("talk t"
+    / "o a real model": a new user's audit)."""
+    answer = " ".join(f"word{i}" for i in range(40))  # ~270 characters
+    stack.script({"text": answer})
+    stdout, _ = await _chat_piped(stack, b"hello\n", "--model", stack.model)
+    assert answer.encode() in stdout, stdout
+
+
 async def test_piped_quit_on_a_terminated_conversation_says_how_it_ended(stack: Stack) -> None:
     """A piped `/quit` is read before the stream tells the chat the
     conversation had ended: it said "Left the chat; the conversation goes
