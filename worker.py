@@ -25,6 +25,7 @@ from datetime import timedelta
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.plugin import SimplePlugin
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
@@ -175,6 +176,9 @@ def build_worker(
         default_heartbeat_throttle_interval=timedelta(seconds=1),
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
         max_concurrent_activities=settings.max_concurrent_activities,
+        # Its model client closes with the worker's run (left to the garbage
+        # collector, it could close inside a later workflow task).
+        plugins=[SimplePlugin("agent.model-client", run_context=llm.in_use)],
     )
 
 

@@ -16,6 +16,7 @@ their cause, whose text would otherwise be stored beside them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import html
 import inspect
@@ -125,6 +126,23 @@ class LlmActivities:
             )
             self._poster = ChatPoster(client, direct=self._direct_post)
         return self._poster
+
+    async def aclose(self) -> None:
+        """Close the model client now (its connections), not whenever it is
+        garbage-collected: collected later, maybe inside a workflow task,
+        it would schedule its own close on whatever loop then runs. A later
+        call makes a new client."""
+        poster, self._poster = self._poster, None
+        if poster is not None:
+            await poster.client.close()
+
+    @contextlib.asynccontextmanager
+    async def in_use(self) -> AsyncIterator[None]:
+        """A worker's run: the model client is closed when it ends."""
+        try:
+            yield
+        finally:
+            await self.aclose()
 
     def warm_up(self) -> None:
         """Make the model client now, not on the first call: building its TLS

@@ -873,3 +873,20 @@ async def test_sdk_fallbacks_post_model_calls_through_the_openai_client(
     }
     expected = direct and ChatPoster(openai.AsyncOpenAI(api_key="k", max_retries=0)).direct
     assert [llm._model_poster().direct for llm in llms] == [expected]
+
+
+async def test_a_workers_model_client_closes_when_its_run_ends(client: Client, tmp_path: Path) -> None:
+    """Not left to the garbage collector, which may run inside a later
+    workflow task (an "Exception ignored" in AsyncHttpxClientWrapper.__del__)."""
+    worker = build_worker(client, settings_for(tmp_path, OPENAI_API_KEY="k"))
+    [llm] = {
+        getattr(a, "__self__", None)
+        for a in worker.config()["activities"]
+        if isinstance(getattr(a, "__self__", None), LlmActivities)
+    }
+    assert isinstance(llm, LlmActivities)
+    model_client = llm._model_poster().client
+    async with worker:
+        assert not model_client.is_closed()
+    assert model_client.is_closed()
+    assert llm._model_poster().client is not model_client  # a later call makes a new one
