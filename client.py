@@ -782,6 +782,15 @@ class Conversation:
                 "a minute (AGENT_REPAIR_WEDGED, on by default; README, What can go wrong): it goes on "
                 f"then{resend}."
             )
+        if cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_PAYLOADS_TOO_LARGE:
+            return (
+                f"Conversation {self.id} {what}: a payload its next step sends is over Temporal's payload "
+                "limit (2 MB by default; the worker's log names it). Either its transcript outgrew workers "
+                "that keep every payload in the history (AGENT_STORAGE=off: start them with a payload "
+                "store, AGENT_STORAGE=file or s3://...; it goes on then, nothing lost), or another client "
+                "sent an update that large as plain JSON (it goes on once the server drops it, within "
+                f"about 20 s){resend}."
+            )
         why = f": {message.rstrip('.')}" if message else " (the worker's log says why)"
         return (
             f"Conversation {self.id} {what}: its workflow task is failing{why}. A tool that blocks "

@@ -291,6 +291,12 @@ async def run_worker(settings: Settings) -> None:
         logging.info("Worker polling task queue %r on %s", settings.task_queue, settings.address)
         print(f"worker ready: task queue {settings.task_queue!r} on {settings.address}", flush=True)
         logging.info("%s", what_must_match(settings))
+        if settings.storage == "off":
+            logging.warning(
+                "AGENT_STORAGE=off: every payload stays in the history, and Temporal refuses one over its "
+                "limit (2 MB by default), so a conversation whose transcript outgrows it stops until "
+                "workers with a payload store (AGENT_STORAGE=file or s3://...) take it"
+            )
         if settings.metrics_port is not None:
             print(f"metrics: http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
         # Conversations the SDK core's update fault wedged, reset (runtime/repair.py).

@@ -1003,6 +1003,27 @@ async def test_a_start_with_settings_the_converter_makes_json_is_not_refused(sta
     assert (await chat.state()).tools == ["calculator"]
 
 
+async def test_a_task_failing_on_a_payload_over_the_limit_is_refused_naming_the_payload_store(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers on AGENT_STORAGE=off and a transcript past 2 MB: every task
+    failed on PayloadsTooLarge, and the refusal blamed a blocking tool or a
+    slow hook (a wedge audit). It names the store that lets it go on."""
+    from temporalio.api.enums.v1 import WorkflowTaskFailedCause
+
+    async def last_task_failure(self: Conversation) -> tuple[int, str]:
+        cause = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_PAYLOADS_TOO_LARGE
+        return cause, "[TMPRL1103] Attempted to upload payloads with size that exceeded the error limit."
+
+    monkeypatch.setattr(Conversation, "_last_task_failure", last_task_failure)
+    sentence = await Conversation(client, "big")._failing_task_sentence("cannot answer now")
+
+    assert sentence.startswith(
+        "Conversation big cannot answer now: a payload its next step sends is over Temporal's payload limit"
+    ), sentence
+    assert "AGENT_STORAGE=file or s3://" in sentence and "blocks" not in sentence
+
+
 @pytest.mark.expect_task_failures  # a worker without the hooks fails to replay, on purpose
 async def test_a_conversation_a_worker_replays_differently_is_refused_with_what_to_do(
     stack: Stack, worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
