@@ -40,13 +40,15 @@ from temporalio.api.workflowservice.v1 import (
     PollWorkflowTaskQueueRequest,
     RespondWorkflowTaskCompletedRequest,
 )
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.worker import Worker
 
 from client import Conversation, Refused, follow, list_conversations, start_conversation
 from runtime.repair import claim_id, repair, repair_loop, repair_wedged, reset_point
 from testbed.local_stack import start_worker, stop_process
 from tests.support.stack import Stack
+
+HISTORIES = Path(__file__).resolve().parent / "histories"
 
 _WEDGED = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE
 
@@ -266,19 +268,13 @@ async def test_a_wedged_conversation_goes_on_by_itself(
     subscriber reading: its worker resets it, the follow-up runs, and the
     subscriber, which had read from the wedged run, reads the answer."""
     client = stack.client
-    # What AgentWorkflow's first task records before its first local
-    # activity's marker (session_defaults), from a conversation on the shared worker.
-    reference = await stack.conversation()
-    reference_handle = client.get_workflow_handle(reference.id)
-
-    async def first_task_commands() -> list[Command]:
-        events = await _events(reference_handle)
-        if not any(e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED for e in events):
-            return []
-        return _commands_up_to_first_local_activity(events)
-
-    commands = await _until(first_task_commands, 30, "the reference conversation recorded no marker")
-    await reference.close()
+    # What AgentWorkflow's first task recorded up to its first local
+    # activity's marker (session_defaults) in the release before
+    # defaults-by-activity: a conversation of that release, in the fault. A
+    # conversation of this one takes its defaults by a plain activity, but
+    # a task with a local tool's marker can meet the same fault.
+    recorded = WorkflowHistory.from_json("agent_api", (HISTORIES / "v21" / "agent_api.json").read_text())
+    commands = _commands_up_to_first_local_activity(list(recorded.events))
 
     queue = f"agent-repair-{uuid.uuid4().hex[:6]}"
     conversation_id = f"repair-{uuid.uuid4().hex[:6]}"

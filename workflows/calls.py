@@ -68,6 +68,22 @@ MAX_ID_CHARS = 200
 SIGNAL_LIMIT = 10_000
 SIGNAL_RESERVE = 1_000  # for users' signals (abort, close, steer) near the end
 
+# The worker's defaults come by a plain activity, not a local one. A local
+# activity in a run's first workflow task met a fault of the SDK's core
+# (temporalio 1.35): a `state` query answered while the task ran made the
+# core record the activity's marker in that task but hand its result to
+# the workflow only in the next one, after the updates (a subscriber's
+# reads) that came meanwhile. What followed it (the first search attributes,
+# or the first model call) was then recorded after those updates were
+# accepted, and every replay failed on nondeterminism: the conversation
+# wedged at its next worker (3 in 10 conversations queried and read at
+# once, in a contract audit). The same fault in another form (sdk-rust
+# #888) is what runtime/repair.py mends. Its own marker, asked only where
+# the defaults are read: a run of the release before took them by a local
+# activity, and replays so.
+DEFAULTS_BY_ACTIVITY_PATCH = "defaults-by-activity"
+DEFAULTS_TIMEOUT = timedelta(seconds=10)
+
 RECORDED_TOOLS_PATCH = "recorded-tool-declarations"
 # Aborted tools are cancelled and waited for (before: cancelled and left
 # running), so no tool goes on after its result says "aborted".
@@ -159,8 +175,15 @@ class ActivityCalls:
 
     async def session_defaults(self) -> SessionDefaults:
         """The worker's default model and tool declarations, recorded in history."""
+        if workflow.patched(DEFAULTS_BY_ACTIVITY_PATCH):
+            return await workflow.execute_activity(
+                DEFAULTS_ACTIVITY,
+                result_type=SessionDefaults,
+                start_to_close_timeout=DEFAULTS_TIMEOUT,
+                summary="the worker's defaults: model, tool declarations, settings",
+            )
         return await workflow.execute_local_activity(
-            DEFAULTS_ACTIVITY, result_type=SessionDefaults, start_to_close_timeout=timedelta(seconds=10)
+            DEFAULTS_ACTIVITY, result_type=SessionDefaults, start_to_close_timeout=DEFAULTS_TIMEOUT
         )
 
     # --- the model ----------------------------------------------------------------------
