@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import sys
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def start_settings(sub: argparse.ArgumentParser) -> None:
         agent_settings(sub)
-        sub.add_argument("--id", help="conversation id (workflow id)")
+        sub.add_argument("--id", type=_new_id, help="conversation id (workflow id)")
 
     run = commands.add_parser("run", help="start a conversation, stream its run, close it")
     run.add_argument("prompt")
@@ -409,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     fork = commands.add_parser("fork", help="a new conversation from the first N messages; print its id")
     fork.add_argument("id")
     fork.add_argument("--at", type=_kept, required=True, metavar="N", help="messages to keep")
-    fork.add_argument("--id", dest="new_id", metavar="NEW", help="the new conversation's id")
+    fork.add_argument("--id", dest="new_id", type=_new_id, metavar="NEW", help="the new conversation's id")
     listing = commands.add_parser(
         "list", help="the conversations: running ones newest first, then ended ones by when they ended"
     )
@@ -572,6 +573,18 @@ def _seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"seconds are a number above 0, not {text}")
     return value
+
+
+def _new_id(text: str) -> str:
+    """An argparse type: the id of a conversation to start (or fork). An
+    empty one started a conversation under a made-up id, and control
+    characters went raw to the terminal in every hint that names it (a
+    wedge audit)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an id cannot be empty: give one, or leave --id out for a new one")
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        raise argparse.ArgumentTypeError(f"an id cannot hold control characters: {text!r}")
+    return text
 
 
 _offset = _whole("an offset", 0)  # an event offset

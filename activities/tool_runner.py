@@ -94,7 +94,8 @@ class ToolActivities:
         if spec is None:
             return _error(
                 f"Tool {call.name} is not available on this worker: it was removed or renamed "
-                "after this conversation started."
+                "after this conversation started, or this worker does not load the tool module "
+                "the others on its task queue do."
             )
         info = activity.info()
         key = request.idempotency_key or f"{info.workflow_id}/{info.activity_id}"

@@ -150,6 +150,27 @@ def test_fork_at_a_negative_count_is_refused_by_the_parser(capsys: pytest.Captur
     assert parse("fork", "c1", "--at", "0").at == 0
 
 
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["start", "--id", ""], "an id cannot be empty: give one, or leave --id out for a new one"),
+        (["run", "hi", "--id", "  "], "an id cannot be empty"),
+        (["fork", "c1", "--at", "1", "--id", ""], "an id cannot be empty"),
+        (["chat", "--id", "a\x1b[31mb"], "an id cannot hold control characters: 'a\\x1b[31mb'"),
+    ],
+)
+def test_a_new_conversations_id_that_is_empty_or_holds_control_characters_is_refused(
+    argv: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty --id started a conversation under a made-up id, and an
+    escape sequence in one reached the terminal raw (a wedge audit)."""
+    with pytest.raises(SystemExit) as raised:
+        parse(*argv)
+    assert raised.value.code == 2
+    assert refusal in capsys.readouterr().err
+    assert parse("start", "--id", "notes of 3 May/π").id == "notes of 3 May/π"
+
+
 def test_watch_refuses_an_offset_that_is_not_a_number_in_a_sentence(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

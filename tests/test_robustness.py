@@ -762,6 +762,7 @@ async def test_a_tool_removed_from_the_worker_gets_a_clear_error_result(
     results = {m.tool_call_id: m for m in messages if m.role == "toolResult"}
     echo, calculator = results["e1"], results["c1"]
     assert echo.is_error and "not available on this worker" in echo.content[0].text
+    assert "does not load the tool module the others on its task queue do" in echo.content[0].text
     assert not calculator.is_error and calculator.content[0].text == "2*3 = 6"
 
 
