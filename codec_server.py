@@ -318,7 +318,11 @@ async def _decode(converter: DataConverter, index: int, payload: Payload) -> Pay
     if raw.payload.metadata.get("encoding") == REFUSED:  # a bomb, a payload that does not decrypt
         reason = raw.payload.data.decode(errors="replace")[:500].rstrip(".")
         raise Refused(422, f"Payload {index} {reason}.")
-    _check_encoding(converter, index, raw.payload, "decode")
+    # An encoding this project does not write (another client's own codec,
+    # a signal sent with `--input-meta encoding=...`) goes back as it came,
+    # as Temporal's remote codecs do with what they do not handle: refused,
+    # it blanked the whole page it came in (the CLI's `workflow show`
+    # printed no event at all; a contract audit).
     if raw.payload.metadata.get("encoding") == b"binary/null":
         # A handler's None: JSON's null, which every SDK reads as None too,
         # and the UI shows as null instead of the metadata in base64.
@@ -330,26 +334,24 @@ async def _encode(converter: DataConverter, namespace: str, payloads: Sequence[P
     """Payloads as the worker would write them: compressed when large, stored
     outside the history when larger still (under ``namespace``)."""
     for index, payload in enumerate(payloads):
-        _check_encoding(converter, index, payload, "encode")
+        _check_encoding(converter, index, payload)
     try:
         return await for_namespace(converter, namespace).encode([RawValue(p) for p in payloads])
     except Exception as err:
         raise Refused(502, f"The payload store did not take the payloads: {_reason(err)}.") from None
 
 
-def _check_encoding(converter: DataConverter, index: int, payload: Payload, action: str) -> None:
-    """Refuse a payload that no client of this project could read (after
-    ``decode``) or that is not a plain client's payload (before ``encode``)."""
+def _check_encoding(converter: DataConverter, index: int, payload: Payload) -> None:
+    """Refuse a payload that is not a plain client's payload (before ``encode``)."""
     known = _known_encodings(converter.payload_converter_class)
     encoding = payload.metadata.get("encoding")
     if known and encoding not in known:
         name = encoding.decode(errors="replace") if encoding else "none"
         plain = ", ".join(e.decode() for e in sorted(known))
-        into = "compressed or stored payloads into" if action == "decode" else "payloads of"
         raise Refused(
             422,
-            f"Payload {index} has encoding {name!r}, which this codec server cannot {action} "
-            f"(it {action}s {into} {plain}).",
+            f"Payload {index} has encoding {name!r}, which this codec server cannot encode "
+            f"(it encodes payloads of {plain}).",
         )
 
 

@@ -724,11 +724,21 @@ async def test_data_with_a_non_ascii_character_is_refused_as_not_base64(codec: L
     assert_one_sentence(*await codec.call("decode", body), 400, "Payload 0", "base64")
 
 
-async def test_a_payload_in_an_unknown_encoding_gets_a_422_naming_it(codec: LocalCodec) -> None:
-    """README: an unknown encoding gets a 4xx with one sentence saying why."""
-    status, text = await codec.call("decode", as_json([payload(b"x", b"foo/bar")]))
+async def test_a_payload_in_an_encoding_of_another_codec_goes_back_as_it_came(codec: LocalCodec) -> None:
+    """README: as Temporal's remote codecs do. Refused (422), one such payload
+    (a signal sent with `--input-meta encoding=binary/custom-codec`) blanked
+    the page it came in: `temporal workflow show --codec-endpoint` printed
+    no event at all (a contract audit). The payloads beside it are decoded."""
+    text_payload = payload(hex_text(6000))
+    [compressed] = await codec.converter.encode([RawValue(text_payload)])
+    foreign = payload(b"\x00\x01 not ours", b"binary/custom-codec", other=b"kept")
 
-    assert_one_sentence(status, text, 422, "Payload 0", "foo/bar", "cannot decode")
+    status, text = await codec.call("decode", as_json([foreign, compressed]))
+
+    assert status == 200, text
+    back = json_format.Parse(text, Payloads()).payloads
+    assert back[0] == foreign
+    assert back[1] == text_payload
 
 
 async def test_a_reference_for_another_storage_driver_gets_a_422_naming_the_settings(
@@ -833,13 +843,12 @@ async def test_the_ui_can_read_a_refusal(guarded: Endpoint) -> None:
     """A refusal to the UI's origin carries the CORS headers: the browser
     hands the page the status and sentence instead of a network error."""
     headers = {"Origin": UI, "Authorization": "Bearer s3cret"}
-    status, text = await guarded.call("decode", as_json([payload(b"x", b"foo/bar")]), headers)
+    broken = payload(b"not zlib", b"binary/zlib")  # marked compressed, data that does not decompress
+    status, text = await guarded.call("decode", as_json([broken]), headers)
     assert status == 422, text
     async with (
         aiohttp.ClientSession() as session,
-        session.post(
-            f"{guarded.url}/decode", data=as_json([payload(b"x", b"foo/bar")]), headers=headers
-        ) as response,
+        session.post(f"{guarded.url}/decode", data=as_json([broken]), headers=headers) as response,
     ):
         assert response.status == 422
         assert response.headers.get("Access-Control-Allow-Origin") == UI
