@@ -293,6 +293,8 @@ class Conversation:
         messages: list[AgentMessage] | None,
         options: dict[str, Any],
     ) -> Conversation:
+        if id is not None and not id.strip():  # it made up an id without a word (a diff review)
+            raise Refused("A conversation's id cannot be empty: give one, or None for a new one.")
         conversation_id = id or f"chat-{uuid.uuid4().hex[:8]}"
         input: dict[str, Any] = {_camel(k): v for k, v in options.items() if v is not None}
         if prompt is not None:
@@ -787,7 +789,8 @@ class Conversation:
                 f"Conversation {self.id} {what}: a payload its next step sends is over Temporal's payload "
                 "limit (2 MB by default; the worker's log names it). Either its transcript outgrew workers "
                 "that keep every payload in the history (AGENT_STORAGE=off: start them with a payload "
-                "store, AGENT_STORAGE=file or s3://...; it goes on then, nothing lost), or another client "
+                "store, AGENT_STORAGE=file or s3://..., and give its clients the same; it goes on then, "
+                "nothing lost), or another client "
                 "sent an update that large as plain JSON (it goes on once the server drops it, within "
                 f"about 20 s){resend}."
             )

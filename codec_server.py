@@ -318,15 +318,15 @@ async def _decode(converter: DataConverter, index: int, payload: Payload) -> Pay
     if raw.payload.metadata.get("encoding") == REFUSED:  # a bomb, a payload that does not decrypt
         reason = raw.payload.data.decode(errors="replace")[:500].rstrip(".")
         raise Refused(422, f"Payload {index} {reason}.")
-    # An encoding this project does not write (another client's own codec,
-    # a signal sent with `--input-meta encoding=...`) goes back as it came,
-    # as Temporal's remote codecs do with what they do not handle: refused,
-    # it blanked the whole page it came in (the CLI's `workflow show`
-    # printed no event at all; a contract audit).
     if raw.payload.metadata.get("encoding") == b"binary/null":
         # A handler's None: JSON's null, which every SDK reads as None too,
         # and the UI shows as null instead of the metadata in base64.
         return Payload(metadata={"encoding": b"json/plain"}, data=b"null")
+    # Any other encoding this project does not write (another client's own
+    # codec, a signal sent with `--input-meta encoding=...`) goes back as it
+    # came, as Temporal's remote codecs do with what they do not handle:
+    # refused, it blanked the whole page it came in (the CLI's `workflow
+    # show` printed no event at all; a contract audit).
     return raw.payload
 
 

@@ -1,6 +1,7 @@
 """Worker-side defaults a new conversation records in its history: the
 default model and the declarations of every tool the worker has. Recorded
-once (a local activity), carried across continue-as-new, so every worker
+once (an activity; a local one in conversations started before
+``defaults-by-activity``), carried across continue-as-new, so every worker
 replays the conversation's decisions the same way."""
 
 from __future__ import annotations

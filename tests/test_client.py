@@ -993,6 +993,18 @@ async def test_a_start_prompt_is_measured_as_the_workflow_parses_it() -> None:
         await Conversation._start(StartingClient(), "q", "id", prompt, None, {})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("empty", ["", "  "])
+async def test_a_start_with_an_empty_id_is_refused_before_anything_starts(empty: str) -> None:
+    """It made up an id without a word (a diff review); None still does."""
+
+    class StartingClient:
+        async def start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("started")
+
+    with pytest.raises(Refused, match=r"^A conversation's id cannot be empty"):
+        await Conversation._start(StartingClient(), "q", empty, "hi", None, {})  # type: ignore[arg-type]
+
+
 async def test_a_start_with_settings_the_converter_makes_json_is_not_refused(stack: Stack) -> None:
     """A set of tools goes to the workflow as a list: the client's check
     reads the input as it is sent, so it neither raises nor refuses it."""

@@ -195,7 +195,7 @@ CARRIED_COUNTERS_TIME_PATCH = "carried-counters-time"
 # the conversation wedged. Read by the combined marker only (no marker asked).
 CLOCK_FREE_COMMANDS_PATCH = "clock-free-commands"
 # A run whose carry has no model-call time limit reads the worker's again
-# (the session_defaults local activity), as the conversation's first run did.
+# (the session_defaults activity), as the conversation's first run did.
 # Before this patch such a run took the workflow's 10 minutes for good: a
 # conversation started before the limit was recorded, or one a worker of that
 # release continued as new during a rollout (an upgrade audit). Asked only by
