@@ -20,7 +20,7 @@ from testbed.scripted_model import ScriptedModelServer
 from tests.support.guarded_hooks import GuardedHooks
 from tests.support.stack import EventLog
 from worker import build_worker
-from workflows.calls import HEARTBEAT_TIMEOUT
+from workflows.calls import DEFAULTS_BY_ACTIVITY_PATCH, HEARTBEAT_TIMEOUT
 from workflows.contract import SessionResult
 from workflows.models import AgentMessage, UserMessage
 from workflows.versions import CURRENT
@@ -168,7 +168,9 @@ async def test_an_override_flag_that_is_not_a_bool_is_the_calls_error_not_its_tr
         async for e in handle.fetch_history_events()
         if e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert len(markers) == 1 and CURRENT in markers[0], markers
+    # The combined marker, and the one patch every new conversation asks
+    # by its own marker where it reads the worker's defaults.
+    assert len(markers) == 2 and CURRENT in markers[0] and DEFAULTS_BY_ACTIVITY_PATCH in markers[1], markers
 
 
 async def test_a_hooks_text_with_a_lone_surrogate_is_no_wedge(

@@ -346,7 +346,8 @@ async def test_a_tool_raising_cancelled_error_itself_gets_an_error_result_and_ru
         for e in history.events
         if e.HasField("activity_task_started_event_attributes")
     ]
-    assert [s.attempt for s in started] == [1, 1, 1]  # two model calls and the tool, each run once
+    # The worker's defaults, two model calls and the tool, each run once.
+    assert [s.attempt for s in started] == [1, 1, 1, 1]
     assert not [e for e in history.events if e.HasField("activity_task_failed_event_attributes")]
 
 

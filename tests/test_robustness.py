@@ -775,6 +775,7 @@ async def test_stream_batches_per_call_are_budgeted(stack: Stack) -> None:
         e.activity_task_scheduled_event_attributes
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "stream_assistant_response"
     )
     request = json.loads(scheduled.input.payloads[0].data)
     assert 0 < request["maxBatches"] <= (10_000 - 1_000) // 2
