@@ -97,30 +97,6 @@ V20 = sorted((ROOT / "v20").glob("*.json"))
 V21 = sorted((ROOT / "v21").glob("*.json"))
 
 
-RECORDED = (
-    CURRENT
-    + V21
-    + V20
-    + V19
-    + V18
-    + V17
-    + V16
-    + V15
-    + V14
-    + V13
-    + V12
-    + V11
-    + V10
-    + V9
-    + V8
-    + V7
-    + V6
-    + V5
-    + V4
-    + V2
-    + V1
-)
-"""Every recorded history, newest first."""
 DECLARED = (
     CURRENT
     + V21
@@ -143,6 +119,8 @@ DECLARED = (
     + V4
 )
 """The histories of conversations that recorded their tool declarations (v4 on)."""
+RECORDED = DECLARED + V2 + V1
+"""Every recorded history, newest first."""
 
 
 def _ids(paths: list[Path]) -> list[str]:
